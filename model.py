@@ -1,0 +1,354 @@
+"""GPT-2 in one file: the model, multi-query / grouped-query attention, KV-cache decoding, import and
+export of Hugging Face GPT-2 weights, and the FLOP / memory accounting used for MFU.
+
+Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_attn.weight, ...), except
+that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
+"""
+import inspect
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+GPT2_VOCAB = 50257  # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # max sequence length (learned position embeddings)
+    vocab_size: int = 50257  # GPT-2's 50,257 tokens; pad to 50304 (a multiple of 128) for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12  # query heads
+    n_embd: int = 768
+    n_kv_head: Optional[int] = None  # key/value heads: None = n_head (MHA), 1 = multi-query, between = grouped-query
+    grad_checkpoint: bool = False  # recompute each block in backward: activation memory for ~1/3 more compute
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
+                             f"(head size = n_embd / n_head)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"GPTConfig.n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head} "
+                             f"(each K/V head serves n_head / n_kv_head query heads)")
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding, (n_layer, B, n_kv_head, block_size, head_dim)
+    each. Allocated on first use with the dtype the attention computes in (bf16 under autocast)."""
+
+    def __init__(self, config, batch_size):
+        self.shape = (config.n_layer, batch_size, config.n_kv_head, config.block_size, config.head_dim)
+        self.k = self.v = None
+        self.pos = 0  # tokens already cached; GPT.forward advances it after the last layer
+
+    def update(self, layer, k, v):
+        """Store k, v (B, n_kv_head, T, hs) at positions [pos, pos+T); return all cached keys and values."""
+        if self.k is None:
+            self.k = torch.zeros(self.shape, dtype=k.dtype, device=k.device)
+            self.v = torch.zeros_like(self.k)
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def nbytes(self):
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim, self.layer = config.n_head, config.n_kv_head, config.head_dim, layer
+        # queries for every head, keys and values for the (possibly fewer) K/V heads, in one matmul
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, cache=None):
+        B, T, C = x.size()
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
+        mask, causal = None, T > 1
+        if cache is not None:
+            pos = cache.pos
+            k, v = cache.update(self.layer, k, v)  # (B, n_kv, pos+T, hs)
+            if pos > 0 and T > 1:  # a chunk after a cached prefix: query i sees keys [0, pos+i]
+                mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(diagonal=pos)
+                causal = False
+            elif pos > 0:  # one new token sees everything cached
+                causal = False
+        # flash attention on GPU; enable_gqa lets each K/V head serve n_head / n_kv_head query heads without copies
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=self.n_kv_head != self.n_head)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)  # pre-LayerNorm: the residual stream itself is never normalised
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix embeds and un-embeds tokens
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # residual projections: each of the 2 per layer adds to the stream's variance
+                nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean cross-entropy
+        (targets of -1 are ignored). With a KVCache, idx holds only the tokens after those already cached."""
+        B, T = idx.size()
+        pos0 = 0 if cache is None else cache.pos
+        if pos0 + T > self.config.block_size:
+            raise ValueError(f"sequence length {pos0 + T} exceeds block_size={self.config.block_size}: "
+                             f"crop the input to the last {self.config.block_size} tokens or use a larger block_size")
+        pos = torch.arange(pos0, pos0 + T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        recompute = self.config.grad_checkpoint and self.training and torch.is_grad_enabled()
+        for block in self.transformer.h:
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x, cache)
+        if cache is not None:
+            cache.pos += T
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    # ----------------------------------------------------------------------------------------------------
+    # training
+
+    def configure_optimizers(self, weight_decay, learning_rate, device_type):
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        # the fused kernel does the whole update in a few launches instead of several per tensor
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+    # ----------------------------------------------------------------------------------------------------
+    # sampling
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+        """Append max_new_tokens sampled tokens to idx (B, T) and return it (B, T + max_new_tokens).
+
+        With use_cache the prompt is run once and each new token costs one position of compute (KV-cache);
+        otherwise every step recomputes the whole sequence. Both give the same tokens for the same generator.
+        Past block_size the context is cropped to the last block_size tokens (as in nanoGPT); the cache is
+        then invalid (positions shift), so each further token costs a full forward either way.
+        Ids >= 50257 (vocab padding) are never sampled, so every output decodes with the GPT-2 tokenizer.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0 (use top_k=1 for greedy decoding)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 or None")
+        block_size = self.config.block_size
+        cache = KVCache(self.config, idx.size(0)) if use_cache else None
+        for _ in range(max_new_tokens):
+            if cache is not None and idx.size(1) <= block_size:
+                logits, _ = self(idx[:, cache.pos:], cache=cache)  # the prompt first, then one token at a time
+            else:
+                logits, _ = self(idx[:, -block_size:])
+            logits = logits[:, -1, :GPT2_VOCAB].float() / temperature  # (B, V), padded rows dropped
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = F.softmax(logits, dim=-1)
+            next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx
+
+    # ----------------------------------------------------------------------------------------------------
+    # Hugging Face GPT-2 import / export (transformers is imported only here)
+
+    _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir):
+        """OpenAI's GPT-2 weights by name (downloads through transformers) or a local directory in HF GPT-2
+        format (offline): anything GPT2LMHeadModel.from_pretrained reads, e.g. what save_pretrained wrote."""
+        if not os.path.isdir(name_or_dir) and name_or_dir not in PRETRAINED:
+            raise ValueError(f"unknown model {name_or_dir!r}: use one of {', '.join(PRETRAINED)} "
+                             f"or a local directory holding an HF GPT-2 model (config.json + weights)")
+        from transformers import GPT2LMHeadModel
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        except OSError as e:
+            raise OSError(f"could not load GPT-2 weights from {name_or_dir!r}: {e}\nWithout internet, pass a "
+                          f"local directory in HF GPT-2 format instead of a model name.") from e
+        c = hf.config
+        unsupported = {"activation_function": (c.activation_function, "gelu_new"), "n_inner": (c.n_inner, None),
+                       "layer_norm_epsilon": (c.layer_norm_epsilon, 1e-5),
+                       "scale_attn_by_inverse_layer_idx": (c.scale_attn_by_inverse_layer_idx, False),
+                       "reorder_and_upcast_attn": (c.reorder_and_upcast_attn, False)}
+        for key, (got, want) in unsupported.items():
+            if got != want and not (key == "n_inner" and got == 4 * c.n_embd):
+                raise ValueError(f"{name_or_dir}: config.json has {key}={got!r}; this GPT-2 implementation "
+                                 f"supports only {want!r}")
+        model = cls(GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
+                              n_head=c.n_head, n_embd=c.n_embd))
+        sd = {k: (v.t() if k.endswith(cls._CONV1D) else v) for k, v in hf.state_dict().items()
+              if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # causal-mask buffers of older versions
+        model.load_state_dict(sd)
+        return model
+
+    def save_pretrained(self, out_dir):
+        """Write out_dir in HF GPT-2 format: transformers.GPT2LMHeadModel.from_pretrained(out_dir) gives the
+        same logits (the padded vocab rows beyond 50257 are dropped)."""
+        c = self.config
+        if c.n_kv_head != c.n_head:
+            raise ValueError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
+                             f"multi-query / grouped-query attention, so this model cannot be saved in its format")
+        from transformers import GPT2Config, GPT2LMHeadModel
+        vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
+        eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
+        hf = GPT2LMHeadModel(GPT2Config(
+            vocab_size=vocab, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            bos_token_id=eot, eos_token_id=eot))
+        sd = {k: (v.t() if k.endswith(self._CONV1D) else v[:vocab] if k.endswith(("wte.weight", "lm_head.weight")) else v)
+              for k, v in self.state_dict().items()}
+        hf.load_state_dict(sd)
+        hf.save_pretrained(out_dir)
+
+    # ----------------------------------------------------------------------------------------------------
+    # accounting
+
+    def num_params(self, non_embedding=False):
+        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the position
+        embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+
+def count_params(config, non_embedding=False):
+    """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
+    C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
+    attn = C * (C + 2 * kv) + (C + 2 * kv) + C * C + C  # c_attn, c_proj (weights + biases)
+    mlp = C * 4 * C + 4 * C + 4 * C * C + C  # c_fc, c_proj
+    n = config.vocab_size * C + config.block_size * C + L * (attn + mlp + 4 * C) + 2 * C  # + ln_1, ln_2, ln_f
+    return n - config.block_size * C if non_embedding else n
+
+
+def flops_per_token(config, T=None):
+    """Training FLOPs per token, forward + backward (PaLM appendix B, as in nanoGPT's MFU):
+        6·N             every weight does a multiply-add (2 FLOPs) forward and twice that backward,
+                        N = parameters without position embeddings (lm_head = wte counts);
+        + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and layer,
+                        times 3 for forward + backward (L layers, H query heads of size Q, context T).
+    The causal mask halves the useful attention work; like everyone's MFU, we count the full square.
+    GPT-2 124M (vocab 50304, T=1024): 6·123,689,472 + 12·12·12·64·1024 = 855.4 MFLOP a token."""
+    T = config.block_size if T is None else T
+    L, H, Q = config.n_layer, config.n_head, config.head_dim
+    return 6 * count_params(config, non_embedding=True) + 12 * L * H * Q * T
+
+
+# dense bf16 tensor-core peaks (no sparsity), TFLOP/s; the most specific name is matched first
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "H200": 989, "A100": 312}
+
+
+def peak_flops(device_name):
+    """Dense bf16 peak FLOP/s for a CUDA device name (torch.cuda.get_device_name()), or None if unknown."""
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return tflops * 1e12
+    return None
+
+
+def mfu(config, tokens_per_sec, peak, T=None):
+    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is None."""
+    return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
+
+
+def training_memory(config, B, T, dtype="bf16"):
+    """Estimated training memory in bytes, by part, for micro-batch B x T with AdamW and fp32 master weights.
+
+    dtype is the compute dtype: "bf16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
+    params, grads: 4 bytes a parameter each; adamw: exp_avg + exp_avg_sq, 8 bytes a parameter;
+    weight_copies: under autocast the bf16 casts of the matmul weights are cached for the step, 2 bytes each.
+    activations: what autograd keeps for backward, per token and layer:
+        the two LayerNorm inputs (the fp32 residual stream), 2 x 4·C bytes, and their mean/rstd;
+        in the compute dtype: c_attn input C, q/k/v C + 2·kv, attention output C (SDPA returns it laid out
+        as (B, T, nh, hs), so re-assembling the heads copies nothing), c_fc input C, GELU input 4·C, c_proj
+        input 4·C (12·C + 2·kv), and the attention's log-sum-exp per head (flash attention keeps no T x T);
+    then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
+    each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
+    and one block's activations are live at a time in backward.
+    Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
+    if dtype not in ("bf16", "fp32"):
+        raise ValueError(f"dtype={dtype!r}: use 'bf16' (autocast) or 'fp32'")
+    a = 2 if dtype == "bf16" else 4  # bytes per activation in the compute dtype
+    C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
+    N = count_params(config)
+    layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
+    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8  # ln_f, lm_head input, logits, log-probs, idx/targets
+    blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
+    parts = {
+        "params": 4 * N,
+        "grads": 4 * N,
+        "adamw": 8 * N,
+        "weight_copies": 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C) if dtype == "bf16" else 0,
+        "activations": B * T * (blocks + head),
+    }
+    parts["total"] = sum(parts.values())
+    return parts

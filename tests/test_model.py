@@ -1,0 +1,297 @@
+import math
+
+import pytest
+import torch
+
+from model import (GPT, GPT2_VOCAB, GPTConfig, KVCache, count_params, flops_per_token, mfu, peak_flops,
+                   training_memory)
+
+
+def tiny(**kw):
+    return GPTConfig(**{**dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=32), **kw})
+
+
+def build(config, seed=0):
+    torch.manual_seed(seed)
+    return GPT(config).eval()
+
+
+# ---------------------------------------------------------------------------------------------- architecture
+
+def test_shapes_and_loss():
+    m = build(tiny())
+    x = torch.randint(0, GPT2_VOCAB, (3, 17))
+    logits, loss = m(x)
+    assert logits.shape == (3, 17, 50304) and loss is None
+    logits, loss = m(x, x)
+    assert loss.shape == () and torch.isfinite(loss)
+
+
+def test_weight_tying_and_init():
+    c = tiny(n_layer=6)
+    m = build(c)
+    assert m.lm_head.weight is m.transformer.wte.weight
+    # c_proj weights are scaled down by (2 * n_layer)^-0.5, everything else std 0.02, biases zero
+    assert abs(m.transformer.h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.002
+    assert abs(m.transformer.h[0].attn.c_proj.weight.std().item() - 0.02 / math.sqrt(12)) < 0.001
+    assert torch.all(m.transformer.h[0].attn.c_attn.bias == 0)
+
+
+def test_gpt2_124m_parameter_count_and_optimizer_groups():
+    with torch.device("meta"):
+        m = GPT(GPTConfig())
+        assert m.num_params() == 124_439_808 == count_params(GPTConfig())
+        m = GPT(GPTConfig(vocab_size=50304))
+    opt = m.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, device_type="cpu")
+    decay, no_decay = opt.param_groups
+    assert (len(decay["params"]), sum(p.numel() for p in decay["params"])) == (50, 124_354_560)
+    assert (len(no_decay["params"]), sum(p.numel() for p in no_decay["params"])) == (98, 121_344)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8 and not opt.defaults["fused"]
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3}])
+def test_count_params_matches_module(kw):
+    c = tiny(**kw)
+    m = build(c)
+    assert m.num_params() == count_params(c) == sum(p.numel() for p in set(m.parameters()))
+    assert m.num_params(non_embedding=True) == count_params(c, non_embedding=True) == m.num_params() - 32 * 32
+
+
+def test_loss_at_init_is_uniform():
+    m = build(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64))
+    x = torch.randint(0, GPT2_VOCAB, (4, 64))
+    _, loss = m(x, torch.randint(0, GPT2_VOCAB, (4, 64)))
+    assert abs(loss.item() - math.log(GPT2_VOCAB)) < 0.1
+
+
+def test_ignore_index_targets():
+    m = build(tiny())
+    x = torch.randint(0, GPT2_VOCAB, (2, 8))
+    y = x.clone()
+    y[:, :4] = -1
+    logits, loss = m(x, y)
+    ref = torch.nn.functional.cross_entropy(logits[:, 4:].reshape(-1, 50304), y[:, 4:].reshape(-1))
+    assert torch.allclose(loss, ref)
+
+
+def test_gradient_checkpointing_same_loss_and_grads():
+    x = torch.randint(0, GPT2_VOCAB, (2, 32))
+    results = []
+    for flag in (False, True):
+        m = build(tiny(grad_checkpoint=flag)).train()
+        _, loss = m(x, x.roll(-1, 1))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (l0, g0), (l1, g1) = results
+    assert torch.equal(l0, l1)
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], rtol=0, atol=1e-7), name
+
+
+# ---------------------------------------------------------------------------------------------- MQA / GQA, KV-cache
+
+def test_mqa_gqa_share_kv_heads():
+    C, L, hs = 32, 2, 8
+    n = {kv: count_params(tiny(n_kv_head=kv)) for kv in (4, 2, 1)}
+    # c_attn's K and V projections shrink from C to kv*hs outputs (weights + biases) in every layer
+    for kv in (2, 1):
+        assert n[4] - n[kv] == L * 2 * (C - kv * hs) * (C + 1)
+    m = build(tiny(n_kv_head=1))
+    assert m.transformer.h[0].attn.c_attn.weight.shape == (C + 2 * hs, C)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_kv_cache_size(n_kv_head):
+    c = tiny(n_kv_head=n_kv_head)
+    m = build(c)
+    cache = KVCache(c, batch_size=3)
+    m(torch.randint(0, GPT2_VOCAB, (3, 5)), cache=cache)
+    assert cache.pos == 5
+    assert cache.nbytes() == 2 * c.n_layer * 3 * n_kv_head * c.block_size * c.head_dim * 4  # k and v, fp32
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_kv_cache_equals_recompute(n_kv_head):
+    m = build(tiny(n_kv_head=n_kv_head))
+    idx = torch.randint(0, GPT2_VOCAB, (3, 5))
+    # 5 + 40 > block_size 32: also covers the crop to the last block_size tokens
+    cached = m.generate(idx, 40, top_k=1, use_cache=True)
+    full = m.generate(idx, 40, top_k=1, use_cache=False)
+    assert cached.shape == (3, 45) and torch.equal(cached[:, :5], idx)
+    assert torch.equal(cached, full)
+
+
+def test_kv_cache_chunks_match_full_forward():
+    c = tiny(n_kv_head=2)
+    m = build(c)
+    x = torch.randint(0, GPT2_VOCAB, (2, 20))
+    cache = KVCache(c, 2)
+    parts = [m(x[:, a:b], cache=cache)[0] for a, b in [(0, 7), (7, 12), (12, 13), (13, 20)]]
+    full, _ = m(x)
+    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+
+
+def test_sampling_never_yields_padded_ids():
+    m = build(tiny())
+    boost = torch.zeros(50304)
+    boost[GPT2_VOCAB:] = 1e4  # make the padded rows by far the most likely
+    m.lm_head.register_forward_hook(lambda mod, inp, out: out + boost)
+    idx = torch.randint(0, GPT2_VOCAB, (4, 3))
+    assert m(idx)[0].argmax(-1).min() >= GPT2_VOCAB  # without the guard, padded ids would win
+    g = torch.Generator().manual_seed(0)
+    for top_k in (None, 5):
+        out = m.generate(idx, 30, temperature=1.0, top_k=top_k, generator=g)
+        assert out.max() < GPT2_VOCAB
+
+
+def test_sampling_is_seeded():
+    m = build(tiny())
+    idx = torch.randint(0, GPT2_VOCAB, (2, 3))
+    a = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
+    b = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
+    c = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(43))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+# ---------------------------------------------------------------------------------------------- Hugging Face parity
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_from_pretrained_local_dir_matches_hf(tmp_path):
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=64)).eval()
+    hf.save_pretrained(tmp_path)
+    m = GPT.from_pretrained(str(tmp_path)).eval()
+    assert (m.config.vocab_size, m.config.block_size, m.config.n_layer) == (300, 64, 2)
+    x = torch.randint(0, 300, (2, 64))
+    with torch.no_grad():
+        assert (m(x)[0] - hf(x).logits).abs().max() <= 1e-4
+
+
+def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
+    m = build(tiny(block_size=64))  # vocab padded to 50304
+    m.save_pretrained(tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert hf.config.vocab_size == GPT2_VOCAB
+    x = torch.randint(0, GPT2_VOCAB, (2, 64))
+    with torch.no_grad():
+        assert (m(x)[0][..., :GPT2_VOCAB] - hf(x).logits).abs().max() <= 1e-4
+    back = GPT.from_pretrained(str(tmp_path)).eval()  # and round trip
+    with torch.no_grad():
+        assert (back(x)[0] - hf(x).logits).abs().max() <= 1e-4
+
+
+def test_hf_errors(tmp_path):
+    with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+        GPT.from_pretrained("gpt3")
+    with pytest.raises(ValueError, match="multi-query"):
+        build(tiny(n_kv_head=1)).save_pretrained(tmp_path)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=8, activation_function="relu"))
+    hf.save_pretrained(tmp_path / "relu")
+    with pytest.raises(ValueError, match="activation_function='relu'"):
+        GPT.from_pretrained(str(tmp_path / "relu"))
+
+
+# ---------------------------------------------------------------------------------------------- accounting
+
+def test_flops_and_mfu():
+    c = GPTConfig(vocab_size=50304)
+    assert flops_per_token(c) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 1024
+    assert flops_per_token(c, T=512) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 512
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("NVIDIA GeForce GTX 1080") is None
+    assert abs(mfu(c, 578_000, 989e12) - 0.4999) < 1e-3  # the 50% MFU target on one H100
+    assert mfu(c, 578_000, None) is None
+
+
+def test_memory_estimate_by_part():
+    c = GPTConfig(vocab_size=50304)
+    N = 124_475_904
+    m = training_memory(c, B=16, T=1024)
+    assert (m["params"], m["grads"], m["adamw"]) == (4 * N, 4 * N, 8 * N)
+    assert m["weight_copies"] == 2 * (N - 1024 * 768 - (4 * 12 + 2) * 768)
+    assert m["total"] == sum(v for k, v in m.items() if k != "total")
+    assert training_memory(c, 16, 1024, "fp32")["weight_copies"] == 0
+    with pytest.raises(ValueError, match="dtype='fp16'"):
+        training_memory(c, 1, 1, "fp16")
+
+
+def _saved_bytes(model, x, y, dtype):
+    """Bytes autograd keeps for backward after one forward (unique storages, parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            logits, _ = model(x, y)
+    seen[logits.untyped_storage().data_ptr()] = logits.untyped_storage().nbytes()  # held by the caller
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_activation_memory_estimate_matches_autograd(dtype, n_kv_head):
+    c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, n_kv_head=n_kv_head)
+    m = build(c).train()
+    x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
+    est = training_memory(c, 4, 64, dtype)
+    # autocast's cached bf16 weights show up among the saved tensors
+    assert abs(_saved_bytes(m, x, y, dtype) / (est["activations"] + est["weight_copies"]) - 1) < 0.01
+
+
+def test_activation_memory_estimate_with_checkpointing():
+    c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, grad_checkpoint=True)
+    m = build(c).train()
+    x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
+    no_ckpt = [training_memory(GPTConfig(**{**c.__dict__, "grad_checkpoint": False, "n_layer": n}), 4, 64, "fp32")
+               for n in (1, 2)]
+    one_layer = no_ckpt[1]["activations"] - no_ckpt[0]["activations"]
+    # forward keeps only block inputs; the estimate adds the one block recomputed at a time in backward
+    est = training_memory(c, 4, 64, "fp32")["activations"] - one_layer
+    assert abs(_saved_bytes(m, x, y, "fp32") / est - 1) < 0.01
+    assert training_memory(c, 4, 64, "fp32")["activations"] < no_ckpt[0]["activations"] * 3
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(n_embd=30, n_head=4), "n_embd=30 must be divisible by n_head=4"),
+    (dict(n_head=4, n_kv_head=3), "n_head=4 must be divisible by n_kv_head=3"),
+    (dict(n_layer=0), "n_layer=0 must be a positive integer"),
+    (dict(block_size=-1), "block_size=-1"),
+    (dict(vocab_size=1.5), "vocab_size=1.5"),
+])
+def test_config_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kw)
+
+
+def test_sequence_too_long():
+    m = build(tiny())
+    with pytest.raises(ValueError, match="sequence length 33 exceeds block_size=32"):
+        m(torch.zeros(1, 33, dtype=torch.long))
+    cache = KVCache(m.config, 1)
+    m(torch.zeros(1, 30, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="sequence length 33 exceeds block_size=32"):
+        m(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_generate_errors():
+    m = build(tiny())
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="temperature=0"):
+        m.generate(idx, 1, temperature=0)
+    with pytest.raises(ValueError, match="top_k=0"):
+        m.generate(idx, 1, top_k=0)

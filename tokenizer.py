@@ -1,0 +1,50 @@
+"""GPT-2's byte-pair encoding, offline.
+
+tiktoken.get_encoding("gpt2") downloads OpenAI's vocab files on first use; a machine without internet (or
+behind a proxy) fails there. We ship the same merge ranks as tiktoken's r50k_base file (gpt2.tiktoken,
+835 KB, also in the openai-whisper sdist as whisper/assets/gpt2.tiktoken), check its sha256, and build the
+Encoding from it. Token ids are identical to tiktoken's "gpt2"; <|endoftext|> is 50256.
+"""
+import base64
+import functools
+import hashlib
+import os
+
+import tiktoken
+
+RANKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2.tiktoken")
+RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# GPT-2's pre-tokenizer split (tiktoken's r50k_pat_str): contractions, letters, digits, punctuation, spaces
+PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT = 50256  # <|endoftext|>, the document separator
+N_VOCAB = 50257
+
+
+@functools.lru_cache(maxsize=None)
+def get_encoding(ranks_file=RANKS_FILE):
+    """The GPT-2 tiktoken Encoding, built from the vendored ranks file. Never touches the network."""
+    try:
+        with open(ranks_file, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git checkout -- "
+            f"gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the openai-whisper sdist there."
+        ) from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != RANKS_SHA256:
+        raise ValueError(
+            f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it is altered or "
+            f"truncated. Restore it from the repository (git checkout -- gpt2.tiktoken)."
+        )
+    ranks = {}
+    for line in data.splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": EOT},
+        explicit_n_vocab=N_VOCAB,
+    )
