@@ -8,7 +8,8 @@ from model import (GPT, GPT2_VOCAB, GPTConfig, KVCache, count_params, flops_per_
 
 
 def tiny(**kw):
-    return GPTConfig(**{**dict(block_size=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=32), **kw})
+    """A 2-layer model; vocab 512 keeps it fast, tests about the padded GPT-2 vocab pass vocab_size=50304."""
+    return GPTConfig(**{**dict(block_size=32, vocab_size=512, n_layer=2, n_head=4, n_embd=32), **kw})
 
 
 def build(config, seed=0):
@@ -19,7 +20,7 @@ def build(config, seed=0):
 # ---------------------------------------------------------------------------------------------- architecture
 
 def test_shapes_and_loss():
-    m = build(tiny())
+    m = build(tiny(vocab_size=50304))
     x = torch.randint(0, GPT2_VOCAB, (3, 17))
     logits, loss = m(x)
     assert logits.shape == (3, 17, 50304) and loss is None
@@ -67,16 +68,16 @@ def test_loss_at_init_is_uniform():
 
 def test_ignore_index_targets():
     m = build(tiny())
-    x = torch.randint(0, GPT2_VOCAB, (2, 8))
+    x = torch.randint(0, 512, (2, 8))
     y = x.clone()
     y[:, :4] = -1
     logits, loss = m(x, y)
-    ref = torch.nn.functional.cross_entropy(logits[:, 4:].reshape(-1, 50304), y[:, 4:].reshape(-1))
+    ref = torch.nn.functional.cross_entropy(logits[:, 4:].reshape(-1, 512), y[:, 4:].reshape(-1))
     assert torch.allclose(loss, ref)
 
 
 def test_gradient_checkpointing_same_loss_and_grads():
-    x = torch.randint(0, GPT2_VOCAB, (2, 32))
+    x = torch.randint(0, 512, (2, 32))
     results = []
     for flag in (False, True):
         m = build(tiny(grad_checkpoint=flag)).train()
@@ -106,7 +107,7 @@ def test_kv_cache_size(n_kv_head):
     c = tiny(n_kv_head=n_kv_head)
     m = build(c)
     cache = KVCache(c, batch_size=3)
-    m(torch.randint(0, GPT2_VOCAB, (3, 5)), cache=cache)
+    m(torch.randint(0, 512, (3, 5)), cache=cache)
     assert cache.pos == 5
     assert cache.nbytes() == 2 * c.n_layer * 3 * n_kv_head * c.block_size * c.head_dim * 4  # k and v, fp32
 
@@ -114,7 +115,7 @@ def test_kv_cache_size(n_kv_head):
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_kv_cache_equals_recompute(n_kv_head):
     m = build(tiny(n_kv_head=n_kv_head))
-    idx = torch.randint(0, GPT2_VOCAB, (3, 5))
+    idx = torch.randint(0, 512, (3, 5))
     # 5 + 40 > block_size 32: also covers the crop to the last block_size tokens
     cached = m.generate(idx, 40, top_k=1, use_cache=True)
     full = m.generate(idx, 40, top_k=1, use_cache=False)
@@ -125,7 +126,7 @@ def test_kv_cache_equals_recompute(n_kv_head):
 def test_kv_cache_chunks_match_full_forward():
     c = tiny(n_kv_head=2)
     m = build(c)
-    x = torch.randint(0, GPT2_VOCAB, (2, 20))
+    x = torch.randint(0, 512, (2, 20))
     cache = KVCache(c, 2)
     parts = [m(x[:, a:b], cache=cache)[0] for a, b in [(0, 7), (7, 12), (12, 13), (13, 20)]]
     full, _ = m(x)
@@ -133,7 +134,7 @@ def test_kv_cache_chunks_match_full_forward():
 
 
 def test_sampling_never_yields_padded_ids():
-    m = build(tiny())
+    m = build(tiny(vocab_size=50304))
     boost = torch.zeros(50304)
     boost[GPT2_VOCAB:] = 1e4  # make the padded rows by far the most likely
     m.lm_head.register_forward_hook(lambda mod, inp, out: out + boost)
@@ -147,7 +148,7 @@ def test_sampling_never_yields_padded_ids():
 
 def test_sampling_is_seeded():
     m = build(tiny())
-    idx = torch.randint(0, GPT2_VOCAB, (2, 3))
+    idx = torch.randint(0, 512, (2, 3))
     a = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
     b = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
     c = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(43))
@@ -172,7 +173,7 @@ def test_from_pretrained_local_dir_matches_hf(tmp_path):
 
 
 def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
-    m = build(tiny(block_size=64))  # vocab padded to 50304
+    m = build(tiny(block_size=64, vocab_size=50304))  # vocab padded
     m.save_pretrained(tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert hf.config.vocab_size == GPT2_VOCAB

@@ -1,0 +1,189 @@
+"""Token shards and the DDP-aware loader that reads them.
+
+Shard file (.bin), llm.c's format so shards are interchangeable with it:
+    header  256 x int32   [0] magic 20240520, [1] version 1, [2] number of tokens,
+                          [3] tokens of the document at [4:6] already written (the stream position after
+                              this shard, so fineweb.py resumes without re-tokenizing),
+                          [4:6] that document's index (int64), [6] fingerprint of fineweb.py's arguments
+    tokens  uint16 x n    GPT-2 token ids
+Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
+"""
+import glob
+import os
+
+import numpy as np
+
+MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
+HEADER_BYTES = HEADER_INTS * 4
+
+
+def shard_path(out_dir, prefix, split, index):
+    return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
+
+
+def to_uint16(tokens, where):
+    """tokens as uint16, or a clear error if an id does not fit (a plain cast would wrap it silently)."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
+        bad = tokens.max() if tokens.max() >= 2**16 else tokens.min()
+        raise ValueError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at most "
+                         f"65,536 tokens (GPT-2 has 50,257)")
+    return tokens.astype(np.uint16, copy=False)
+
+
+def write_shard(path, tokens, next_doc=0, doc_offset=0, fingerprint=0):
+    """Write tokens (ids < 2**16) as a shard, atomically: a crash leaves no file under `path`."""
+    tokens = to_uint16(tokens, path)
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:4] = MAGIC, VERSION, tokens.size, doc_offset
+    header[4:6].view(np.int64)[0] = next_doc
+    header[6] = fingerprint
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+        f.flush()
+        os.fsync(f.fileno())  # the data is on disk before the name says "complete"
+    os.replace(tmp, path)
+
+
+def read_header(path):
+    """The validated header of a shard (int32 array); a clear error for anything that is not a whole shard."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shard {path} does not exist") from None
+    if head.startswith(b"\x93NUMPY"):
+        raise ValueError(f"{path} is a .npy file (build-nanogpt's shard format), not a token shard: "
+                         f"re-create the shards with `python fineweb.py`")
+    header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
+    if header.size < HEADER_INTS or header[0] != MAGIC:
+        raise ValueError(f"{path} is not a token shard (bad magic number): re-create it with `python fineweb.py`")
+    if header[1] != VERSION:
+        raise ValueError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
+                         f"re-create it with `python fineweb.py`")
+    expected = HEADER_BYTES + 2 * int(header[2])
+    if size != expected:
+        raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} uint16 "
+                         f"tokens): the file is truncated or not uint16; delete it and re-run `python fineweb.py`")
+    return header
+
+
+def load_shard(path):
+    """The tokens of a shard as a read-only, memory-mapped uint16 array (nothing is read until used)."""
+    n = int(read_header(path)[2])
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES, shape=(n,))
+
+
+def tokenize_text_file(path):
+    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16)."""
+    from tokenizer import get_encoding
+    enc = get_encoding()
+    with open(path, encoding="utf-8") as f:
+        return np.array([enc.eot_token] + enc.encode_ordinary(f.read()), dtype=np.uint16)
+
+
+class DataLoaderLite:
+    """Batches of (x, y) int64 (B, T), y = x shifted by one token, for one rank of num_processes.
+
+    Each shard is cut into rows of T+1 tokens that overlap by one ([j*T, j*T + T + 1)); a step takes
+    B * num_processes rows and rank r gets rows r*B .. r*B + B - 1 of them, so within an epoch no row is
+    served twice across ranks and steps. The rows that do not fill a whole step (the shard's tail, less
+    than B*T*num_processes tokens) are skipped. Every rank moves to the next shard, and wraps to the next
+    epoch, at the same step. Without shuffle a rank's batch is one contiguous slice of the shard; with
+    shuffle the shard order and the row order inside each shard are permuted, seeded by (seed, epoch), the
+    same on every rank and different every epoch.
+
+    data_root is a directory of shards (*_{split}_*.bin) or a text file (e.g. input.txt), which is
+    tokenized in memory and split 90/10 into train / val.
+    """
+
+    def __init__(self, B, T, process_rank=0, num_processes=1, split="train", data_root="edu_fineweb10B",
+                 shuffle=False, seed=0):
+        for name, v in (("B", B), ("T", T), ("num_processes", num_processes)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"DataLoaderLite: {name}={v!r} must be a positive integer")
+        if not 0 <= process_rank < num_processes:
+            raise ValueError(f"DataLoaderLite: process_rank={process_rank} must be in [0, {num_processes})")
+        if split not in ("train", "val"):
+            raise ValueError(f"DataLoaderLite: split={split!r} must be 'train' or 'val'")
+        self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
+        self.shuffle, self.seed = shuffle, seed
+        self.shards = self._open(data_root, split)  # list of (name, uint16 array)
+        rows_per_step = B * num_processes
+        self.steps_per_shard = []
+        for name, tokens in self.shards:
+            steps = (len(tokens) - 1) // T // rows_per_step
+            if steps == 0:
+                raise ValueError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
+                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = {B * T * num_processes + 1:,}): "
+                                 f"lower B or T, or make larger shards (fineweb.py --shard_size)")
+            self.steps_per_shard.append(steps)
+        self.tokens_total = sum(len(t) for _, t in self.shards)
+        self.tokens_per_epoch = sum(self.steps_per_shard) * rows_per_step * T  # input tokens served per epoch
+        self.reset()
+
+    @staticmethod
+    def _open(data_root, split):
+        if os.path.isfile(data_root):
+            tokens = tokenize_text_file(data_root)
+            cut = int(0.9 * len(tokens))
+            return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
+        if not os.path.isdir(data_root):
+            raise FileNotFoundError(f"data_root {data_root} does not exist: create shards with `python fineweb.py "
+                                    f"--out_dir {data_root}`, or point data_root at a text file such as input.txt")
+        paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*.bin")))
+        if not paths:
+            raise FileNotFoundError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
+                                    f"`python fineweb.py --out_dir {data_root}`")
+        return [(p, load_shard(p)) for p in paths]
+
+    # -------------------------------------------------------------------------------------------- position
+
+    def reset(self):
+        self.epoch, self.shard, self.step = 0, 0, 0
+        self._plan()
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "shard": self.shard, "step": self.step, "B": self.B, "T": self.T,
+                "num_processes": self.world, "split": self.split, "shuffle": self.shuffle, "seed": self.seed,
+                "shards": [os.path.basename(name) for name, _ in self.shards]}
+
+    def load_state_dict(self, state):
+        for key in ("B", "T", "num_processes", "split", "shuffle", "seed", "shards"):
+            mine = self.state_dict()[key]
+            if state[key] != mine:
+                raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this loader "
+                                 f"has {key}={mine!r}; an exact resume needs the same data, batch shape and world size")
+        self.epoch, self.shard, self.step = state["epoch"], state["shard"], state["step"]
+        self._plan()
+
+    def _plan(self):
+        """The shard order of this epoch and the row order inside the current shard."""
+        n = len(self.shards)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.order = rng.permutation(n) if self.shuffle else np.arange(n)
+        k = int(self.order[self.shard])
+        rows = self.steps_per_shard[k] * self.B * self.world  # the rows this epoch serves; the tail is skipped
+        self.rows = (np.random.default_rng([self.seed, self.epoch, k]).permutation(rows) if self.shuffle
+                     else np.arange(rows))
+
+    # -------------------------------------------------------------------------------------------- batches
+
+    def next_batch(self):
+        import torch  # here, not at the top: fineweb.py uses this module's shard I/O and needs no torch (~2 s)
+        B, T = self.B, self.T
+        tokens = self.shards[int(self.order[self.shard])][1]
+        first = (self.step * self.world + self.rank) * B
+        buf = np.stack([tokens[j * T: j * T + T + 1] for j in self.rows[first:first + B]]).astype(np.int64)
+        x = torch.from_numpy(buf[:, :-1].copy())  # (B, T) inputs
+        y = torch.from_numpy(buf[:, 1:].copy())  # (B, T) targets: the next token
+        self.step += 1
+        if self.step == self.steps_per_shard[int(self.order[self.shard])]:  # same step on every rank
+            self.step, self.shard = 0, self.shard + 1
+            if self.shard == len(self.shards):
+                self.shard, self.epoch = 0, self.epoch + 1
+            self._plan()
+        return x, y

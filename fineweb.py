@@ -1,0 +1,221 @@
+"""FineWeb-Edu -> GPT-2 token shards for train_gpt2.py.
+
+    python fineweb.py                               # HuggingFaceFW/fineweb-edu sample-10BT, ~10B tokens, ~100 shards
+    python fineweb.py --input data/ --out_dir mine  # local .jsonl / .parquet / .txt files or a save_to_disk dir
+
+Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
+output is deterministic. The token stream is cut into shards of --shard_size tokens (a document may span
+two): shard 0 is the validation split ({prefix}_val_000000.bin), the rest train ({prefix}_train_000001.bin,
+...); the last may be short. Each shard is written under a temporary name and renamed when complete. A rerun
+with the same arguments skips the complete shards (their headers record where in the document stream they
+end) and writes byte-identical files; a rerun with other arguments into the same folder is refused.
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import time
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from dataloader import read_header, shard_path, to_uint16, write_shard
+
+REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
+EXTENSIONS = (".jsonl", ".parquet", ".txt")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def iter_file(path, text_field):
+    if path.endswith(".txt"):  # a plain text file is one document
+        with open(path, encoding="utf-8") as f:
+            yield f.read()
+    elif path.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                yield field(row, text_field, f"{path}:{lineno}")
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # comes with datasets
+        pf = pq.ParquetFile(path)
+        if text_field not in pf.schema_arrow.names:
+            raise ValueError(f"{path} has no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}): "
+                             f"pass --text_field")
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            yield from batch.column(0).to_pylist()
+    else:
+        raise ValueError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a folder "
+                         f"of them, or a datasets.save_to_disk folder")
+
+
+def field(row, text_field, where):
+    if text_field not in row:
+        raise ValueError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
+    return row[text_field]
+
+
+def iter_documents(input_path, text_field):
+    """The documents' texts in order: local files (offline) or, without input_path, FineWeb-Edu streamed
+    from the Hugging Face Hub (no 28 GB download to disk first)."""
+    if input_path is None:
+        from datasets import load_dataset
+        ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
+        return (field(row, text_field, REMOTE) for row in ds)
+    if not os.path.exists(input_path):
+        raise FileNotFoundError(f"--input {input_path} does not exist")
+    if os.path.isfile(input_path):
+        return iter_file(input_path, text_field)
+    if glob.glob(os.path.join(input_path, "dataset_info.json")) or glob.glob(os.path.join(input_path, "dataset_dict.json")):
+        return iter_saved_dataset(input_path, text_field)
+    files = sorted(p for p in glob.glob(os.path.join(input_path, "**", "*"), recursive=True) if p.endswith(EXTENSIONS))
+    if not files:
+        raise ValueError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
+                         f"datasets.save_to_disk folder")
+    return (doc for p in files for doc in iter_file(p, text_field))
+
+
+def iter_saved_dataset(path, text_field):
+    from datasets import DatasetDict, load_from_disk
+    ds = load_from_disk(path)
+    if isinstance(ds, DatasetDict):
+        if "train" not in ds:
+            raise ValueError(f"{path} is a DatasetDict without a 'train' split (splits: {', '.join(ds)})")
+        ds = ds["train"]
+    if text_field not in ds.column_names:
+        raise ValueError(f"{path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}): "
+                         f"pass --text_field")
+    for batch in ds.iter(batch_size=1024):
+        yield from batch[text_field]
+
+
+# ------------------------------------------------------------------------------------------------ tokenizing
+
+def encode_batch(texts):
+    """[<|endoftext|>] + tokens of each text, concatenated (uint16), and each document's token count."""
+    from tokenizer import get_encoding
+    enc = get_encoding()  # loaded once per worker process
+    eot = np.array([enc.eot_token], dtype=np.uint32)
+    arrays = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise ValueError(f"a document's text is {type(text).__name__}, not str: check --text_field")
+        arrays += [eot, enc.encode_to_numpy(text, disallowed_special=())]  # = [eot] + encode_ordinary(text)
+    lengths = np.array([len(a) for a in arrays[1::2]], dtype=np.int64) + 1
+    return to_uint16(np.concatenate(arrays), "tokenizer output"), lengths
+
+
+def encode_batches(docs, workers, batch_docs=256):
+    """Yield encode_batch() of consecutive batches of documents, in order, computed by `workers` processes.
+    Batches rather than single documents, and numpy arrays rather than lists of Python ints, keep the
+    inter-process traffic small; at most 2 x workers batches are in flight, so memory stays bounded
+    however long the stream (Pool.imap would read ahead without limit)."""
+    def batches():
+        batch = []
+        for doc in docs:
+            batch.append(doc)
+            if len(batch) == batch_docs:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    with ProcessPoolExecutor(workers) as pool:
+        inflight = collections.deque()
+        for batch in batches():
+            inflight.append(pool.submit(encode_batch, batch))
+            if len(inflight) >= 2 * workers:
+                yield inflight.popleft().result()
+        while inflight:
+            yield inflight.popleft().result()
+
+
+# ------------------------------------------------------------------------------------------------ sharding
+
+def shard_name(out_dir, prefix, index):
+    return shard_path(out_dir, prefix, "val" if index == 0 else "train", index)
+
+
+def complete_shards(out_dir, prefix, fingerprint):
+    """Headers of the complete shards 0, 1, ... already in out_dir; removes leftovers of an interrupted run."""
+    for tmp in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin.tmp")):
+        os.remove(tmp)
+    headers = []
+    while os.path.exists(shard_name(out_dir, prefix, len(headers))):
+        path = shard_name(out_dir, prefix, len(headers))
+        header = read_header(path)
+        if header[6] != fingerprint:
+            raise ValueError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
+                             f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
+        headers.append(header)
+    return headers
+
+
+def main(input_path, out_dir, text_field, shard_size, prefix, workers):
+    if shard_size < 1:
+        raise ValueError(f"--shard_size={shard_size} must be positive")
+    source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
+    fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
+    os.makedirs(out_dir, exist_ok=True)
+    done = complete_shards(out_dir, prefix, fingerprint)
+    if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
+        print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
+        return
+    # resume at the stream position recorded in the last complete shard: skip (not tokenize) what it covers
+    next_doc = int(done[-1][4:6].view(np.int64)[0]) if done else 0
+    skip_tokens = int(done[-1][3]) if done else 0
+    docs = iter_documents(input_path, text_field)
+    for _ in range(next_doc):
+        next(docs, None)
+    if done:
+        print(f"fineweb: {len(done)} complete shards in {out_dir}, resuming at document {next_doc:,}")
+
+    from tqdm import tqdm
+    bar = tqdm(unit="tok", unit_scale=True, desc="tokenizing")
+    buf = np.empty(shard_size, dtype=np.uint16)
+    fill, index, doc, total, t0 = 0, len(done), next_doc, 0, time.time()
+    for tokens, lengths in encode_batches(docs, workers):
+        ends = np.cumsum(lengths)  # end of each document within `tokens`
+        pos = skip_tokens  # first token of this batch not yet written
+        skip_tokens = 0
+        while pos < len(tokens):
+            take = min(shard_size - fill, len(tokens) - pos)
+            buf[fill:fill + take] = tokens[pos:pos + take]
+            fill, pos = fill + take, pos + take
+            if fill == shard_size:
+                i = int(np.searchsorted(ends, pos, side="right"))  # the document holding the next token
+                offset = pos - (int(ends[i - 1]) if i else 0)
+                write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprint)
+                index, fill = index + 1, 0
+        doc += len(lengths)
+        total += len(tokens)
+        bar.update(len(tokens))
+    bar.close()
+    if index == 0 and fill == 0:
+        raise ValueError(f"the corpus {input_path or source} is empty: no documents to tokenize")
+    if fill:  # the last, short shard
+        write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprint)
+        index += 1
+    dt = time.time() - t0
+    print(f"fineweb: {total:,} tokens in {dt:.1f}s, {total / dt:,.0f} tokens/s; {index} shards "
+          f"({prefix}_val_000000.bin + {index - 1} train) in {out_dir}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", default=None, help="local .jsonl/.parquet/.txt file, a folder of them, or a "
+                        f"datasets.save_to_disk folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
+    parser.add_argument("--out_dir", default="edu_fineweb10B", help="where the shards go")
+    parser.add_argument("--text_field", default="text", help="the column holding each document's text")
+    parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8), help="tokens per shard")
+    parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
+    args = parser.parse_args()
+    main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)

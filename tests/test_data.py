@@ -1,0 +1,323 @@
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fineweb
+from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, tokenize_text_file,
+                        write_shard)
+from tokenizer import get_encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",
+        "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1) for i in range(60)]
+
+
+def reference(docs):
+    enc = get_encoding()
+    return np.array([t for d in docs for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
+
+
+def write_jsonl(path, docs, field="text"):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"id": i, field: d}) + "\n")
+
+
+def shards_of(out_dir):
+    return sorted(glob.glob(os.path.join(out_dir, "*.bin")), key=lambda p: p[-10:])  # by index
+
+
+def make(tmp_path, docs=DOCS, shard_size=97, **kw):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src, docs)
+    out = tmp_path / "shards"
+    fineweb.main(str(src), str(out), kw.get("text_field", "text"), shard_size, "t", 2)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ fineweb.py
+
+def test_shards_hold_eot_prefixed_tokens_in_order(tmp_path):
+    out = make(tmp_path)
+    paths = shards_of(out)
+    assert os.path.basename(paths[0]) == "t_val_000000.bin"
+    assert [os.path.basename(p) for p in paths[1:3]] == ["t_train_000001.bin", "t_train_000002.bin"]
+    sizes = [len(load_shard(p)) for p in paths]
+    assert all(s == 97 for s in sizes[:-1]) and 0 < sizes[-1] <= 97
+    assert np.array_equal(np.concatenate([load_shard(p) for p in paths]), reference(DOCS))
+
+
+def test_cli_end_to_end(tmp_path):
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src, DOCS)
+    r = subprocess.run([sys.executable, "fineweb.py", "--input", str(src), "--out_dir", str(tmp_path / "o"),
+                        "--shard_size", "1e3", "--prefix", "x"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    total = len(reference(DOCS))
+    assert f"fineweb: {total:,} tokens in" in r.stdout and "tokens/s" in r.stdout
+    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
+
+
+def test_local_input_kinds(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    d = tmp_path / "mixed"
+    (d / "sub").mkdir(parents=True)
+    write_jsonl(d / "a.jsonl", DOCS[:10])
+    pq.write_table(pa.table({"text": DOCS[10:30], "n": list(range(20))}), d / "b.parquet")
+    (d / "sub" / "c.txt").write_text("a whole file is one document\n\nwith paragraphs", encoding="utf-8")
+    (d / "notes.md").write_text("ignored")
+    fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
+    expected = reference(DOCS[:10] + DOCS[10:30] + ["a whole file is one document\n\nwith paragraphs"])
+    assert np.array_equal(load_shard(shards_of(tmp_path / "o")[0]), expected)
+    # a single .txt file (like input.txt) is one document
+    fineweb.main(str(d / "sub" / "c.txt"), str(tmp_path / "o2"), "text", 10_000, "m", 1)
+    assert np.array_equal(load_shard(shards_of(tmp_path / "o2")[0]), expected[-len(reference(["a whole file is one document\n\nwith paragraphs"])):])
+
+
+def test_save_to_disk_dir(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"content": DOCS}).save_to_disk(str(tmp_path / "ds"))
+    fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o"), "content", 10_000, "s", 2)
+    assert np.array_equal(load_shard(shards_of(tmp_path / "o")[0]), reference(DOCS))
+    with pytest.raises(ValueError, match="no column 'text'.*content"):
+        fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o3"), "text", 10_000, "s", 1)
+
+
+def test_resume_after_crash_between_write_and_rename(tmp_path, monkeypatch):
+    clean = make(tmp_path)
+    expected = {os.path.basename(p): open(p, "rb").read() for p in shards_of(clean)}
+    src = tmp_path / "corpus.jsonl"
+    out = tmp_path / "crash"
+    real_replace = os.replace
+
+    def crash_on_shard_3(tmp, final):
+        if final.endswith("_000003.bin"):
+            raise KeyboardInterrupt("simulated crash")
+        real_replace(tmp, final)
+
+    monkeypatch.setattr(os, "replace", crash_on_shard_3)
+    with pytest.raises(KeyboardInterrupt):
+        fineweb.main(str(src), str(out), "text", 97, "t", 2)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert len(shards_of(out)) == 3 and os.path.exists(out / "t_train_000003.bin.tmp")
+    loader = DataLoaderLite(1, 4, data_root=str(out))  # the loader sees only whole shards: train 1 and 2
+    assert [os.path.basename(name) for name, _ in loader.shards] == ["t_train_000001.bin", "t_train_000002.bin"]
+
+    fineweb.main(str(src), str(out), "text", 97, "t", 2)  # rerun: resumes after shard 2
+    assert not glob.glob(str(out / "*.tmp"))
+    assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
+    fineweb.main(str(src), str(out), "text", 97, "t", 2)  # and a third run has nothing to do
+    assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
+
+
+def test_resume_after_sigkill(tmp_path):
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(words, size=int(rng.integers(50, 400)))) for _ in range(3000)]
+    src = tmp_path / "big.jsonl"
+    write_jsonl(src, docs)
+    cmd = [sys.executable, "fineweb.py", "--input", str(src), "--shard_size", "10000", "--workers", "2"]
+    subprocess.run(cmd + ["--out_dir", str(tmp_path / "clean")], cwd=ROOT, check=True, capture_output=True)
+    expected = {os.path.basename(p): open(p, "rb").read() for p in shards_of(tmp_path / "clean")}
+    assert len(expected) > 20
+
+    out = tmp_path / "killed"
+    p = subprocess.Popen(cmd + ["--out_dir", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    while len(glob.glob(str(out / "*.bin"))) < 3 and p.poll() is None:
+        time.sleep(0.01)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    written = shards_of(out)
+    assert 3 <= len(written) < len(expected)  # killed part way
+    for path in written:  # every file under a shard's name is complete and identical to the clean run
+        assert open(path, "rb").read() == expected[os.path.basename(path)]
+    subprocess.run(cmd + ["--out_dir", str(out)], cwd=ROOT, check=True, capture_output=True)
+    assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
+
+
+def test_rerun_with_other_arguments_is_refused(tmp_path):
+    out = make(tmp_path)
+    with pytest.raises(ValueError, match="other arguments"):
+        fineweb.main(str(tmp_path / "corpus.jsonl"), str(out), "text", 50, "t", 1)
+
+
+def test_fineweb_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--input .*missing.jsonl does not exist"):
+        fineweb.main(str(tmp_path / "missing.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        fineweb.main(str(tmp_path / "empty.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    write_jsonl(tmp_path / "body.jsonl", ["x"], field="body")
+    with pytest.raises(ValueError, match=r"body.jsonl:1: no field 'text' \(fields: id, body\)"):
+        fineweb.main(str(tmp_path / "body.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+        fineweb.main(str(tmp_path / "bad.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    (tmp_path / "nulls.jsonl").write_text('{"text": null}\n')
+    with pytest.raises(ValueError, match="NoneType, not str"):
+        fineweb.main(str(tmp_path / "nulls.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(ValueError, match="holds no .jsonl"):
+        fineweb.main(str(tmp_path / "nothing"), str(tmp_path / "o"), "text", 100, "t", 1)
+    with pytest.raises(ValueError, match="token id 70000 does not fit in uint16"):
+        write_shard(str(tmp_path / "x.bin"), [1, 70000])
+    assert not os.path.exists(tmp_path / "x.bin") and not os.path.exists(tmp_path / "x.bin.tmp")
+
+
+# ------------------------------------------------------------------------------------------------ shard files
+
+def test_load_shard_is_a_readonly_memmap(tmp_path):
+    path = str(tmp_path / "s_train_000001.bin")
+    write_shard(path, np.arange(1000))
+    tokens = load_shard(path)
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16 and not tokens.flags.writeable
+    assert np.array_equal(tokens, np.arange(1000)) and os.path.getsize(path) == HEADER_BYTES + 2000
+    assert read_header(path)[:3].tolist() == [20240520, 1, 1000]
+
+
+def test_bad_shard_files(tmp_path):
+    good = str(tmp_path / "good.bin")
+    write_shard(good, np.arange(100))
+    data = open(good, "rb").read()
+    cases = {
+        "truncated.bin": (data[:-10], "truncated"),
+        "garbage.bin": (b"hello world" * 200, "bad magic"),
+        "short.bin": (b"\x00" * 10, "bad magic"),
+        "npy.bin": (b"\x93NUMPY" + b"\x00" * 2000, "build-nanogpt"),
+        "v2.bin": (data[:4] + np.int32(2).tobytes() + data[8:], "version 2"),
+        "int32.bin": (data[:HEADER_BYTES] + np.arange(100, dtype=np.int32).tobytes(), "not uint16"),
+    }
+    for name, (content, match) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=match):
+            load_shard(str(tmp_path / name))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_shard(str(tmp_path / "nope.bin"))
+
+
+# ------------------------------------------------------------------------------------------------ DataLoaderLite
+
+SIZES = [3001, 5003, 4100, 2600]  # train shards 1..4 of a toy corpus; shard 0 is val
+
+
+def toy_shards(tmp_path):
+    """Token i of train shard s is (s * 10000 + i): every token says where it came from."""
+    d = tmp_path / "toy"
+    d.mkdir(exist_ok=True)
+    write_shard(shard_path(d, "toy", "val", 0), np.arange(700) + 60000)
+    for s, n in enumerate(SIZES, 1):
+        write_shard(shard_path(d, "toy", "train", s), s * 10000 + np.arange(n))
+    return str(d)
+
+
+def run_ranks(data_root, B, T, world, steps, **kw):
+    loaders = [DataLoaderLite(B, T, r, world, "train", data_root, **kw) for r in range(world)]
+    out = []
+    for _ in range(steps):
+        out.append([l.next_batch() for l in loaders])
+        positions = {(l.epoch, l.shard, l.step) for l in loaders}
+        assert len(positions) == 1  # every rank moves to the next shard / epoch at the same step
+    return loaders, out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
+    B, T = 2, 16
+    root = toy_shards(tmp_path)
+    loaders, _ = run_ranks(root, B, T, world, 0, shuffle=shuffle, seed=1)
+    steps = sum(loaders[0].steps_per_shard)
+    assert loaders[0].steps_per_shard == [(n - 1) // T // (B * world) for n in SIZES]
+    _, batches = run_ranks(root, B, T, world, 2 * steps, shuffle=shuffle, seed=1)
+    epochs = [[], []]
+    for i, step in enumerate(batches):
+        for x, y in step:
+            assert x.dtype == y.dtype == np.int64 or str(x.dtype) == "torch.int64"
+            assert x.shape == y.shape == (B, T)
+            assert (y[:, :-1] == x[:, 1:]).all() and (y[:, -1] == x[:, -1] + 1).all()  # next token, same shard
+            assert ((x[:, -1] - x[:, 0]) == T - 1).all()  # a window is contiguous in one shard
+            epochs[i // steps] += x[:, 0].tolist()
+    for starts in epochs:
+        assert len(starts) == len(set(starts))  # no window served twice, across ranks and steps
+        expected = {s * 10000 + j * T for s, n in enumerate(SIZES, 1)
+                    for j in range((n - 1) // T // (B * world) * B * world)}
+        assert set(starts) == expected  # and only the tail of each shard, short of one step, is skipped
+    used = loaders[0].tokens_per_epoch
+    assert used == len(expected) * T and loaders[0].tokens_total == sum(SIZES)
+    if shuffle:
+        assert epochs[0] != epochs[1]  # reshuffled each epoch
+    else:
+        assert epochs[0] == epochs[1]
+
+
+def test_unshuffled_batches_are_contiguous_slices(tmp_path):
+    B, T, world = 3, 8, 2
+    root = toy_shards(tmp_path)
+    _, batches = run_ranks(root, B, T, world, 5)
+    for step, ranks in enumerate(batches):
+        for r, (x, y) in enumerate(ranks):
+            start = 10000 + step * B * T * world + r * B * T
+            assert x.flatten().tolist() == list(range(start, start + B * T))
+
+
+def test_exact_resume(tmp_path):
+    root = toy_shards(tmp_path)
+    for shuffle in (False, True):
+        for k in (0, 7, 60, 150):  # inside the first shard, later shards, after an epoch wrap
+            a = DataLoaderLite(2, 16, 1, 2, "train", root, shuffle=shuffle, seed=3)
+            for _ in range(k):
+                a.next_batch()
+            state = json.loads(json.dumps(a.state_dict()))  # plain types, as in a checkpoint
+            b = DataLoaderLite(2, 16, 1, 2, "train", root, shuffle=shuffle, seed=3)
+            b.load_state_dict(state)
+            for _ in range(200):
+                (xa, ya), (xb, yb) = a.next_batch(), b.next_batch()
+                assert (xa == xb).all() and (ya == yb).all()
+            a.reset()
+            c = DataLoaderLite(2, 16, 1, 2, "train", root, shuffle=shuffle, seed=3)
+            assert (a.next_batch()[0] == c.next_batch()[0]).all()
+
+
+def test_text_file_root(tmp_path):
+    text = (tmp_path / "play.txt")
+    text.write_text(open(os.path.join(ROOT, "input.txt"), encoding="utf-8").read()[:20000], encoding="utf-8")
+    tokens = tokenize_text_file(str(text))
+    assert tokens[0] == 50256 and np.array_equal(tokens[1:], get_encoding().encode_ordinary(text.read_text()))
+    cut = int(0.9 * len(tokens))
+    train = DataLoaderLite(2, 8, data_root=str(text), split="train")
+    val = DataLoaderLite(2, 8, data_root=str(text), split="val")
+    assert (train.tokens_total, val.tokens_total) == (cut, len(tokens) - cut)
+    x, y = val.next_batch()
+    assert x.flatten().tolist() == tokens[cut:cut + 16].tolist()
+
+
+def test_loader_errors(tmp_path):
+    root = toy_shards(tmp_path)
+    with pytest.raises(FileNotFoundError, match="python fineweb.py --out_dir"):
+        DataLoaderLite(1, 8, data_root=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no val shards \(\*_val_\*.bin\)"):
+        DataLoaderLite(1, 8, split="val", data_root=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 4\*512\*2\+1"):
+        DataLoaderLite(4, 512, 0, 2, data_root=root)
+    for kw, match in [(dict(B=0, T=8), "B=0"), (dict(B=1, T=-1), "T=-1"), (dict(B=1, T=8, split="test"), "split"),
+                      (dict(B=1, T=8, process_rank=2, num_processes=2), "process_rank=2")]:
+        with pytest.raises(ValueError, match=match):
+            DataLoaderLite(data_root=root, **kw)
+    (tmp_path / "toy" / "toy_train_000009.bin").write_bytes(b"\x93NUMPY" + b"\x00" * 100)
+    with pytest.raises(ValueError, match="build-nanogpt"):
+        DataLoaderLite(1, 8, data_root=root)
+    os.remove(tmp_path / "toy" / "toy_train_000009.bin")
+    state = DataLoaderLite(2, 8, 0, 2, data_root=root).state_dict()
+    with pytest.raises(ValueError, match="num_processes=2 but this loader has num_processes=1"):
+        DataLoaderLite(2, 8, 0, 1, data_root=root).load_state_dict(state)
