@@ -281,6 +281,21 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
 
+def load_model(spec):
+    """A GPT from a train_gpt2.py checkpoint (a .pt file: {"model": state_dict, "model_config": GPTConfig
+    fields, ...}), an HF GPT-2 folder, or an OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
+    if spec.endswith(".pt"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"checkpoint {spec} does not exist")
+        ckpt = torch.load(spec, map_location="cpu", weights_only=True)
+        if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+            raise ValueError(f"{spec} is not a train_gpt2.py checkpoint (no 'model' / 'model_config' entries)")
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model
+    return GPT.from_pretrained(spec)
+
+
 def count_params(config, non_embedding=False):
     """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
     C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim

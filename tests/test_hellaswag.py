@@ -1,0 +1,171 @@
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import hellaswag
+from model import GPT, GPTConfig, load_model
+from tokenizer import get_encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
+
+
+def example(i, label=None):
+    """An example in the original jsonl format; lengths vary so several padding buckets are used."""
+    ctx = f"Example {i}: a person is standing in a kitchen and" + " then" * (i * 5 % 70)
+    endings = [f"picks up a knife number {j}" + " slowly" * ((i + j) % 4) for j in range(4)]
+    return {"ind": i, "activity_label": "Cooking", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
+            "split_type": "indomain", "label": (i * 7) % 4 if label is None else label, "endings": endings,
+            "source_id": f"test~{i}"}
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+def save_checkpoint(model, path):
+    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, path)
+    return str(path)
+
+
+def test_render_and_masks():
+    enc = get_encoding()
+    ex = hellaswag.normalize(example(3), "test")
+    rows, masks = hellaswag.render(ex, enc)
+    ctx = enc.encode_ordinary(ex["ctx"])
+    for row, mask, ending in zip(rows, masks, ex["endings"]):
+        end = enc.encode_ordinary(" " + ending)
+        assert row == ctx + end and mask == [0] * len(ctx) + [1] * len(end)
+    assert enc.decode(rows[0]) == ex["ctx"] + " " + ex["endings"][0]
+
+
+def test_ending_losses_are_masked_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    tokens = torch.randint(0, 11, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 1, 0]], dtype=torch.float)
+    total, mean = hellaswag.ending_losses(logits, tokens, mask)
+    logp = torch.log_softmax(logits, -1)
+    expected = [-(logp[0, 1, tokens[0, 2]] + logp[0, 2, tokens[0, 3]] + logp[0, 3, tokens[0, 4]]),
+                -logp[1, 2, tokens[1, 3]]]
+    assert torch.allclose(total, torch.stack(expected))
+    assert torch.allclose(mean, torch.stack([expected[0] / 3, expected[1]]))
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_batched_equals_unbatched(model, batch_size):
+    examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
+    ref = hellaswag.evaluate_unbatched(model, examples, "cpu")
+    got = hellaswag.evaluate(model, examples, "cpu", batch_size=batch_size)
+    assert got["predictions"] == ref["predictions"]
+    assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"], ref["acc_norm"]) and got["n"] == 20
+    assert len({p[1] for p in ref["predictions"]}) > 1  # the model does not answer the same for everything
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ranks_split_examples_once(model, world_size):
+    examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
+    single = hellaswag.evaluate(model, examples, "cpu", batch_size=4)
+    parts = [hellaswag.evaluate(model, examples, "cpu", 4, rank, world_size) for rank in range(world_size)]
+    indices = [i for p in parts for i, _, _ in p["predictions"]]
+    assert sorted(indices) == list(range(10))  # every example once
+    assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
+    assert sum(p["n"] for p in parts) == 10  # (no process group: counts stay per rank)
+
+
+def test_labels_and_bad_examples(tmp_path):
+    assert hellaswag.normalize({**example(0), "label": "2"}, "x")["label"] == 2  # the HF copy's str labels
+    for bad, match in [({**example(0), "label": "x"}, "integer label"), ({**example(0), "label": 4}, "label 0-3"),
+                       ({**example(0), "endings": ["a", "b"]}, "4 strings"), ({"ctx": "c"}, "needs ctx")]:
+        with pytest.raises(ValueError, match=match):
+            hellaswag.normalize(bad, "where")
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(example(0)) + "\n{broken\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+        hellaswag.load_examples(str(path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        hellaswag.load_examples(str(tmp_path / "missing.jsonl"))
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ValueError, match="no HellaSwag examples"):
+        hellaswag.load_examples(empty)
+    with pytest.raises(ValueError, match="no HellaSwag examples"):
+        hellaswag.load_examples(write_jsonl(tmp_path / "one.jsonl", [example(0)]), limit=0)
+
+
+def test_save_to_disk_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{**example(i), "label": str(example(i)["label"])} for i in range(5)]  # HF layout: str labels
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "hs"))
+    got = hellaswag.load_examples(str(tmp_path / "hs"), limit=3)
+    assert got == [hellaswag.normalize(example(i), "t") for i in range(3)]
+
+
+def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(name, split):
+        calls.append((name, split))
+        time.sleep(0.3)  # the other callers arrive while this one downloads
+        return [{**example(i), "label": str(example(i)["label"])} for i in range(7)]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(hellaswag.load_examples(cache_dir=str(tmp_path))))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [("Rowan/hellaswag", "validation")]
+    assert len(results) == 4 and all(r == results[0] and len(r) == 7 for r in results)
+    assert sorted(os.listdir(tmp_path)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.lock"]
+
+
+def test_cli_single_and_torchrun_gloo(model, tmp_path):
+    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(11)])
+    ckpt = save_checkpoint(model, tmp_path / "model.pt")
+    ref = hellaswag.evaluate_unbatched(model, hellaswag.load_examples(data), "cpu")
+    line = re.compile(r"hellaswag: (\d+) examples, acc (\S+), acc_norm (\S+), \S+ examples/s")
+    args = ["hellaswag.py", "--model", ckpt, "--data", data, "--device", "cpu", "--batch_size", "4"]
+    outs = [subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True),
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + args,
+                           cwd=ROOT, capture_output=True, text=True)]
+    for out in outs:
+        assert out.returncode == 0, out.stderr[-3000:]
+        m = line.search(out.stdout)
+        assert m and int(m.group(1)) == 11, out.stdout
+        assert (float(m.group(2)), float(m.group(3))) == (round(ref["acc"], 4), round(ref["acc_norm"], 4))
+        assert len(line.findall(out.stdout)) == 1  # printed by rank 0 only
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="checkpoint .*nope.pt does not exist"):
+        load_model(str(tmp_path / "nope.pt"))
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a train_gpt2.py checkpoint"):
+        load_model(str(tmp_path / "other.pt"))
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED), reason="the real HellaSwag file lives in ../shared (developers only)")
+def test_real_validation_file():
+    examples = hellaswag.load_examples(SHARED)
+    assert len(examples) == 10042
+    assert sorted({e["label"] for e in examples}) == [0, 1, 2, 3]
