@@ -1,0 +1,223 @@
+"""train_gpt2.py through its real entry points (python and torchrun, gloo) on tiny CPU configurations."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train_gpt2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "train_gpt2.py")
+TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=32", "--B=4", "--T=32",
+        "--total_batch_size=256", "--warmup_steps=2", "--max_lr=3e-3", "--val_steps=2", "--hellaswag=0",
+        "--compile=False"]
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "play.txt"
+    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
+        path.write_text(f.read(60_000), encoding="utf-8")  # ~16k tokens
+    return str(path)
+
+
+def run(args, cwd, check=True, nproc=None):
+    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                              if nproc else []) + [SCRIPT] + args
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def records(log_dir):
+    with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(log_dir):
+    """step -> loss; a step redone after a resume keeps its last value."""
+    return {r["step"]: r["loss"] for r in records(log_dir) if "loss" in r and "event" not in r}
+
+
+def final_weights(log_dir):
+    ckpts = train_gpt2.checkpoints(log_dir)
+    return torch.load(ckpts[-1], map_location="cpu", weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+def test_tiny_run_on_input_txt(tmp_path):
+    """No data_root given and no edu_fineweb10B/ here: trains on input.txt (said aloud), on the CPU."""
+    log = str(tmp_path / "log")
+    r = run(TINY + ["--max_steps=30", "--eval_interval=15", "--checkpoint_interval=15", f"--log_dir={log}"],
+            cwd=tmp_path)
+    assert "NOTE: no shards in edu_fineweb10B/" in r.stdout and "NOTE: no CUDA device" in r.stdout
+    recs = records(log)
+    start = recs[0]
+    assert start["event"] == "start" and start["config"]["data_root"] == train_gpt2.SHAKESPEARE
+    assert len(start["fallbacks"]) == 2 and start["config"]["n_layer"] == 2  # command-line settings kept
+    loss = losses(log)
+    assert sorted(loss) == list(range(1, 31))
+    assert sum(loss[s] for s in range(26, 31)) / 5 < sum(loss[s] for s in range(1, 6)) / 5 - 1.0  # it learns
+    vals = [r for r in recs if "val_loss" in r]
+    assert [v["step"] for v in vals] == [15, 30] and vals[1]["val_loss"] < vals[0]["val_loss"]
+    samples = [r for r in recs if "samples" in r]
+    assert len(samples) == 2 and all(s.startswith("Hello, I'm a language model,") for s in samples[0]["samples"])
+    assert [os.path.basename(p) for p in train_gpt2.checkpoints(log)] == ["model_000015.pt", "model_000030.pt"]
+    ckpt = final_weights(log)  # torch.load(weights_only=True) works
+    assert ckpt["step"] == 30 and ckpt["config"]["max_steps"] == 30 and len(ckpt["dataloader"]) == 1
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert {"optimizer", "rng", "model_config"} <= set(ckpt)
+    for r in recs:
+        if "loss" in r and "event" not in r:
+            assert {"lr", "grad_norm", "ms", "tok_s", "mfu"} <= set(r) and r["mfu"] is None
+
+
+def test_torchrun_two_ranks_match_one_process(tmp_path, text):
+    """2 gloo ranks x 1 micro-step vs 1 process x 2 micro-steps: the same data and the same updates."""
+    args = TINY + [f"--data_root={text}", "--max_steps=6", "--eval_interval=3", "--checkpoint_interval=6"]
+    # val_steps counts batches per rank: 1 x 4 and 2 x 2 validation batches cover the same rows
+    run(args + [f"--log_dir={tmp_path / 'one'}", "--val_steps=4"], cwd=tmp_path)
+    r = run(args + [f"--log_dir={tmp_path / 'two'}"], cwd=tmp_path, nproc=2)
+    assert "4 x 32 x 2 processes x 1 accumulation steps" in r.stdout
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 7))
+    for s in one:
+        assert math.isclose(one[s], two[s], rel_tol=1e-5), (s, one[s], two[s])
+    vals = [[r["val_loss"] for r in records(tmp_path / d) if "val_loss" in r] for d in ("one", "two")]
+    assert len(vals[0]) == 2 and all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(*vals))
+    w1, w2 = final_weights(tmp_path / "one")["model"], final_weights(tmp_path / "two")["model"]
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+    assert len(final_weights(tmp_path / "two")["dataloader"]) == 2  # every rank's loader state
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, text):
+    """An uninterrupted 8-step run: per-step losses and final weights."""
+    d = tmp_path_factory.mktemp("ref")
+    run(RESUME_ARGS(text) + [f"--log_dir={d / 'log'}"], cwd=d)
+    return losses(d / "log"), final_weights(d / "log")["model"]
+
+
+def RESUME_ARGS(text):
+    return TINY + [f"--data_root={text}", "--max_steps=8", "--eval_interval=4", "--checkpoint_interval=2"]
+
+
+def start_and_signal(args, cwd, log_dir, after_step, sig):
+    p = subprocess.Popen([sys.executable, SCRIPT] + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    path = os.path.join(log_dir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(path) and max(losses(log_dir), default=0) >= after_step:
+            break
+        time.sleep(0.02)
+    p.send_signal(sig)
+    out = p.communicate()[0]
+    return p.returncode, out
+
+
+def test_exact_resume_after_sigkill(tmp_path, text, reference):
+    ref_losses, ref_weights = reference
+    log = str(tmp_path / "log")
+    code, _ = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    done = max(losses(log))
+    assert 5 <= done < 8  # killed part way
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)  # the same command
+    assert "NOTE: resuming from" in r.stdout and "resumed at step" in r.stdout
+    assert losses(log) == ref_losses  # bitwise: floats compared exactly
+    w = final_weights(log)["model"]
+    assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
+    starts = [rec for rec in records(log) if rec.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # the log was appended, not truncated
+
+
+def test_sigterm_checkpoints_and_resumes(tmp_path, text, reference):
+    ref_losses, ref_weights = reference
+    log = str(tmp_path / "log")
+    code, out = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGTERM)
+    assert code == 0, out
+    stopped = max(losses(log))
+    assert f"stopped by signal after step {stopped}" in out and stopped < 8
+    assert os.path.basename(train_gpt2.checkpoints(log)[-1]) == f"model_{stopped:06d}.pt"
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)
+    assert f"resumed at step {stopped}" in r.stdout
+    assert losses(log) == ref_losses
+    w = final_weights(log)["model"]
+    assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
+    log = str(tmp_path / "log")
+    r = run(TINY + [f"--data_root={text}", "--max_steps=20", "--warmup_steps=1", "--max_lr=1e30",
+                    "--checkpoint_interval=1", "--eval_interval=100", f"--log_dir={log}"], cwd=tmp_path, check=False)
+    assert r.returncode == 1
+    assert "error: non-finite loss" in r.stdout and "stopped before the update" in r.stdout
+    bad = [rec for rec in records(log) if rec.get("event") == "non-finite"]
+    assert len(bad) == 1
+    last = final_weights(log)  # the newest checkpoint is the last good step, loadable
+    assert last["step"] == bad[0]["step"] and all(torch.isfinite(v).all() for v in last["model"].values())
+
+
+def test_compile_on_cpu_train_hellaswag_and_sampling(tmp_path, text):
+    from hellaswag import evaluate, load_examples
+    from model import load_model
+    from test_hellaswag import example, write_jsonl
+    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(6)])
+    log = str(tmp_path / "log")
+    r = run(TINY + [f"--data_root={text}", "--compile=True", "--max_steps=2", "--eval_interval=2",
+                    "--hellaswag=6", f"--hellaswag_data={data}", f"--log_dir={log}"], cwd=tmp_path)
+    recs = records(log)
+    hs = [rec for rec in recs if "hellaswag" in rec]
+    assert len(hs) == 1 and hs[0]["hellaswag_n"] == 6
+    assert any("samples" in rec for rec in recs) and "sample: " in r.stdout
+    # the compiled evaluator agrees with an eager evaluation of the same (final) weights
+    eager = evaluate(load_model(train_gpt2.checkpoints(log)[-1]).eval(), load_examples(data), "cpu", batch_size=1)
+    assert eager["acc_norm"] == hs[0]["hellaswag"] and eager["acc"] == hs[0]["hellaswag_acc"]
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+def test_lr_schedule():
+    cfg = dict(max_lr=1.0, min_lr_ratio=0.1, warmup_steps=10, max_steps=110)
+    assert train_gpt2.get_lr(0, cfg) == 0.1 and train_gpt2.get_lr(9, cfg) == 1.0
+    assert math.isclose(train_gpt2.get_lr(60, cfg), 0.55) and math.isclose(train_gpt2.get_lr(110, cfg), 0.1)
+    assert all(train_gpt2.get_lr(s, cfg) >= train_gpt2.get_lr(s + 1, cfg) for s in range(10, 120))
+
+
+def test_overrides_are_checked():
+    cfg = train_gpt2.CONFIG
+    got = train_gpt2.parse_overrides(["--B=8", "--max_lr=1e-3", "--compile=false", "--total_batch_size=5.24288e5",
+                                      "--log_dir=x"], cfg)
+    assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
+    for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
+                        (["--B=eight"], "--B='eight' is not a int"), (["--B=2.5"], "is not a int"),
+                        (["--compile=maybe"], "not a bool"), (["B=3"], "expected --name=value")]:
+        with pytest.raises(SystemExit, match=match):
+            train_gpt2.parse_overrides(argv, cfg)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--total_batch_size=1000"], r"total_batch_size=1000 is not a multiple of B\*T\*world_size = 4\*32\*1"),
+    (["--T=2048"], "T=2048 exceeds block_size=1024"),
+    (["--data_root=nowhere"], "data_root nowhere does not exist"),
+    (["--device=tpu"], "--device='tpu'"),
+    (["--init_from=resume"], "holds no checkpoint"),
+])
+def test_bad_settings(tmp_path, argv, match):
+    with pytest.raises(SystemExit, match=match):
+        train_gpt2.main(TINY + [f"--log_dir={tmp_path}"] + argv)
+
+
+def test_scratch_over_existing_checkpoints_is_refused(tmp_path, text):
+    (tmp_path / "model_000002.pt").write_bytes(b"")
+    with pytest.raises(SystemExit, match="holds checkpoints of an earlier run"):
+        train_gpt2.main(TINY + [f"--log_dir={tmp_path}", f"--data_root={text}", "--init_from=scratch"])

@@ -1,0 +1,362 @@
+"""Train GPT-2 (124M) from scratch: one GPU, eight, several nodes, or a laptop CPU.
+
+    python train_gpt2.py                                        # 1 process (on a CPU: a small model on input.txt)
+    torchrun --standalone --nproc_per_node=8 train_gpt2.py      # 8 GPUs, one node
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train_gpt2.py  # each node
+    python train_gpt2.py --max_steps=100 --B=32 --compile=False # any setting below, as --name=value
+
+Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it the script trains
+on input.txt and says so. A rerun with the same log_dir continues from its latest checkpoint.
+"""
+import contextlib
+import dataclasses
+import difflib
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dataloader import DataLoaderLite
+from hellaswag import evaluate as hellaswag_eval, load_examples
+from model import GPT, GPTConfig, mfu, peak_flops, training_memory
+from tokenizer import get_encoding
+
+# ------------------------------------------------------------------------------------------------------------
+# configuration: the GPT-2 124M recipe (edit here, or override any name on the command line as --name=value)
+data_root = "edu_fineweb10B"  # token shards from fineweb.py, or a text file such as input.txt
+total_batch_size = 524288  # tokens per optimizer step, over all GPUs and micro-steps (2**19, ~0.5M as GPT-3 small)
+B = 64  # micro-batch per GPU; lower it if memory runs out (gradient accumulation keeps total_batch_size)
+T = 1024  # sequence length
+block_size = 1024  # the model's maximum sequence length (position embeddings)
+vocab_size = 50304  # GPT-2's 50,257 tokens padded to a multiple of 128: faster matmuls, never sampled
+n_layer = 12
+n_head = 12
+n_kv_head = 12  # key/value heads: = n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
+n_embd = 768
+max_lr = 6e-4  # peak learning rate (GPT-3 small's)
+min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
+warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
+max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
+weight_decay = 0.1
+grad_clip = 1.0  # global gradient-norm clipping
+shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
+eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
+val_steps = 20  # micro-batches of validation loss per rank and eval
+hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
+hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
+checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
+keep_checkpoints = 2  # the newest K checkpoints are kept
+init_from = "scratch"  # scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | resume (the default if log_dir has one)
+compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
+grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
+device = "auto"  # auto (cuda if available), cuda or cpu
+log_dir = "log"
+seed = 1337
+# ------------------------------------------------------------------------------------------------------------
+CONFIG = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and type(v) in (int, float, str, bool)}
+
+FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
+CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
+    B=8, T=128, total_batch_size=2048, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3, warmup_steps=20,
+    max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50, compile=False)
+
+
+def parse_overrides(argv, defaults):
+    """--name=value pairs, each checked against the configuration's names and converted to its type."""
+    overrides = {}
+    for arg in argv:
+        if not arg.startswith("--") or "=" not in arg:
+            raise SystemExit(f"error: expected --name=value, got {arg!r}")
+        key, value = arg[2:].split("=", 1)
+        if key not in defaults:
+            close = difflib.get_close_matches(key, defaults, n=1)
+            raise SystemExit(f"error: unknown setting {key!r}" + (f"; did you mean --{close[0]}?" if close else ""))
+        kind = type(defaults[key])
+        try:
+            if kind is bool:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                overrides[key] = value.lower() in ("true", "1")
+            elif kind is int:  # also 1e8 or 5.24288e5, as long as it is a whole number
+                if not float(value).is_integer():
+                    raise ValueError
+                overrides[key] = int(float(value))
+            else:
+                overrides[key] = kind(value)
+        except ValueError:
+            raise SystemExit(f"error: --{key}={value!r} is not a {kind.__name__} (default: {defaults[key]!r})") from None
+    return overrides
+
+
+def get_lr(step, cfg):
+    """Linear warmup to max_lr, then a cosine down to max_lr * min_lr_ratio at max_steps."""
+    max_lr, min_lr = cfg["max_lr"], cfg["max_lr"] * cfg["min_lr_ratio"]
+    if step < cfg["warmup_steps"]:
+        return max_lr * (step + 1) / cfg["warmup_steps"]
+    if step >= cfg["max_steps"]:
+        return min_lr
+    ratio = (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"])
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def checkpoints(log_dir):
+    """Complete checkpoints, oldest first (a checkpoint is written as .tmp and renamed when whole)."""
+    return sorted(glob.glob(os.path.join(log_dir, "model_*.pt")))
+
+
+def main(argv):
+    overrides = parse_overrides(argv, CONFIG)
+    cfg = {**CONFIG, **overrides}
+
+    # ---------------------------------------------------------------------------------------------- processes
+    ddp = "RANK" in os.environ  # launched by torchrun
+    rank, local_rank, world_size = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+                                    int(os.environ["WORLD_SIZE"])) if ddp else (0, 0, 1)
+    master = rank == 0
+
+    def print0(*args):
+        if master:
+            print(*args, flush=True)
+
+    use_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
+    if cfg["device"] not in ("auto", "cuda", "cpu"):
+        raise SystemExit(f"error: --device={cfg['device']!r}: use auto, cuda or cpu")
+    if use_cuda and not torch.cuda.is_available():
+        raise SystemExit("error: --device=cuda but torch sees no CUDA device")
+    dev = f"cuda:{local_rank}" if use_cuda else "cpu"
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if ddp:  # NCCL between GPUs, gloo between CPU processes
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+
+    fallbacks = []
+    if not use_cuda:
+        fallbacks.append("no CUDA device: training a small model with a small batch on the CPU (settings given on "
+                         "the command line are kept)")
+        cfg.update({k: v for k, v in CPU_CONFIG.items() if k not in overrides})
+    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+        fallbacks.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on input.txt")
+        cfg["data_root"] = SHAKESPEARE
+    elif not os.path.exists(cfg["data_root"]):
+        raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python fineweb.py "
+                         f"--out_dir {cfg['data_root']}` or point --data_root at a text file")
+    for f in fallbacks:
+        print0(f"NOTE: {f}")
+
+    # ---------------------------------------------------------------------------------------------- derived values
+    B, T = cfg["B"], cfg["T"]
+    if T > cfg["block_size"]:
+        raise SystemExit(f"error: T={T} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
+    tokens_per_micro_step = B * T * world_size
+    if cfg["total_batch_size"] % tokens_per_micro_step:
+        raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of B*T*world_size = "
+                         f"{B}*{T}*{world_size} = {tokens_per_micro_step}: change B, T or total_batch_size")
+    grad_accum_steps = cfg["total_batch_size"] // tokens_per_micro_step
+    os.makedirs(cfg["log_dir"], exist_ok=True)
+    existing = checkpoints(cfg["log_dir"])
+    if cfg["init_from"] == "scratch" and existing:
+        if "init_from" in overrides:
+            raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
+                             f"continues it, or choose another --log_dir")
+        print0(f"NOTE: resuming from {existing[-1]} (found in log_dir; --log_dir=NEW starts afresh)")
+        cfg["init_from"] = "resume"
+    if cfg["init_from"] == "resume" and not existing:
+        raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
+
+    # ---------------------------------------------------------------------------------------------- model
+    torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
+    if use_cuda:
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
+    ckpt = None
+    if cfg["init_from"] == "resume":
+        ckpt = torch.load(existing[-1], map_location="cpu", weights_only=True)
+        model_config = GPTConfig(**ckpt["model_config"])
+        raw_model = GPT(model_config)
+        raw_model.load_state_dict(ckpt["model"])
+    elif cfg["init_from"] == "scratch":
+        model_config = GPTConfig(block_size=cfg["block_size"], vocab_size=cfg["vocab_size"], n_layer=cfg["n_layer"],
+                                 n_head=cfg["n_head"], n_kv_head=cfg["n_kv_head"], n_embd=cfg["n_embd"],
+                                 grad_checkpoint=cfg["grad_checkpoint"])
+        raw_model = GPT(model_config)
+    else:
+        raw_model = GPT.from_pretrained(cfg["init_from"])
+        model_config = raw_model.config
+    raw_model.to(dev)
+    model = torch.compile(raw_model) if cfg["compile"] else raw_model  # shares raw_model's parameters
+    train_model = DDP(model, device_ids=[local_rank] if use_cuda else None) if ddp else model
+    optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
+    peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
+
+    # ---------------------------------------------------------------------------------------------- data
+    train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
+    val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
+    examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
+    enc = get_encoding()
+
+    step = 0
+    if ckpt is not None:
+        if len(ckpt["dataloader"]) != world_size:
+            raise SystemExit(f"error: {existing[-1]} was written by {len(ckpt['dataloader'])} processes; an exact "
+                             f"resume needs the same number (torchrun --nproc_per_node)")
+        optimizer.load_state_dict(ckpt["optimizer"])
+        train_loader.load_state_dict(ckpt["dataloader"][rank])
+        torch.set_rng_state(ckpt["rng"]["cpu"])
+        if use_cuda and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        step = ckpt["step"]
+        changed = {k: (v, cfg[k]) for k, v in ckpt["config"].items() if k != "init_from" and cfg.get(k) != v}
+        print0(f"resumed at step {step} from {existing[-1]}" +
+               "".join(f"\nNOTE: {k} changed since the checkpoint: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+
+    # ---------------------------------------------------------------------------------------------- logging
+    metrics_path = os.path.join(cfg["log_dir"], "metrics.jsonl")
+
+    def log(record):
+        if master:
+            with open(metrics_path, "a") as f:  # appended: a resumed run continues the same log
+                f.write(json.dumps(record) + "\n")
+
+    mem = training_memory(model_config, B, T, "bf16" if use_cuda else "fp32")
+    print0(f"config: {json.dumps(cfg)}")
+    print0(f"model: {raw_model.num_params():,} parameters, {model_config}")
+    print0(f"data: {cfg['data_root']}, {train_loader.tokens_total:,} train tokens, "
+           f"{1 - train_loader.tokens_per_epoch / train_loader.tokens_total:.2%} skipped per epoch (shard tails)")
+    print0(f"batch: {cfg['total_batch_size']:,} tokens = {B} x {T} x {world_size} processes x {grad_accum_steps} "
+           f"accumulation steps; device {dev}; estimated training memory per process {mem['total'] / 2**30:.1f} GiB")
+    log({"event": "start", "step": step, "config": cfg, "model_config": dataclasses.asdict(model_config),
+         "world_size": world_size, "fallbacks": fallbacks, "git_commit": git_commit(), "time": time.time()})
+
+    # ---------------------------------------------------------------------------------------------- faults
+    stop_requested = [False]
+
+    def request_stop(signum, frame):  # finish the current step, checkpoint, exit
+        stop_requested[0] = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    def save_checkpoint():
+        states = [None] * world_size
+        if ddp:
+            dist.all_gather_object(states, train_loader.state_dict())
+        else:
+            states[0] = train_loader.state_dict()
+        if master:
+            path = os.path.join(cfg["log_dir"], f"model_{step:06d}.pt")
+            torch.save({"model": raw_model.state_dict(), "model_config": dataclasses.asdict(model_config),
+                        "optimizer": optimizer.state_dict(), "step": step, "config": cfg, "dataloader": states,
+                        "rng": {"cpu": torch.get_rng_state(),
+                                "cuda": torch.cuda.get_rng_state(dev) if use_cuda else None}}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous checkpoints intact
+            for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
+                os.remove(old)
+            print0(f"checkpoint: {path}")
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():  # validation loss, averaged over all ranks
+            val_loader.reset()
+            val_loss = torch.zeros((), device=dev)
+            for _ in range(cfg["val_steps"]):
+                x, y = val_loader.next_batch()
+                with autocast:
+                    _, loss = model(x.to(dev), y.to(dev))
+                val_loss += loss.detach() / cfg["val_steps"]
+            if ddp:
+                dist.all_reduce(val_loss)
+                val_loss /= world_size
+        print0(f"step {step}: val loss {val_loss.item():.4f}")
+        log({"step": step, "val_loss": val_loss.item()})
+        if examples is not None:  # through the compiled model: fixed shapes, so it compiles once per shape
+            hs = hellaswag_eval(model, examples, dev, max(1, B * T // 768), rank, world_size)
+            print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
+            log({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"], "hellaswag_n": hs["n"]})
+        if master:  # decoding changes shapes every token: the uncompiled module with its KV-cache
+            gen = torch.Generator(dev).manual_seed(cfg["seed"])  # its own RNG: sampling leaves training's untouched
+            prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * 4, device=dev)
+            with autocast:
+                out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
+            samples = [enc.decode(row.tolist()) for row in out]
+            for s in samples:
+                print0(f"sample: {s!r}")
+            log({"step": step, "samples": samples})
+        model.train()
+
+    # ---------------------------------------------------------------------------------------------- training loop
+    model.train()
+    while step < cfg["max_steps"]:
+        t0 = time.time()
+        optimizer.zero_grad(set_to_none=True)
+        loss_accum = torch.zeros((), device=dev)
+        for micro_step in range(grad_accum_steps):
+            x, y = train_loader.next_batch()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            last_micro = micro_step == grad_accum_steps - 1
+            # DDP all-reduces gradients only after the last micro-step; before it they just accumulate
+            with (contextlib.nullcontext() if last_micro or not ddp else train_model.no_sync()):
+                with autocast:
+                    _, loss = train_model(x, y)
+                loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
+                loss_accum += loss.detach()
+                loss.backward()
+        stop = torch.tensor([float(stop_requested[0])], device=dev)
+        if ddp:
+            dist.all_reduce(loss_accum)
+            loss_accum /= world_size
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
+        if not (torch.isfinite(loss_accum) and torch.isfinite(norm)):  # CPU-GPU sync point
+            print0(f"error: non-finite loss {loss_accum.item()} or grad norm {norm.item()} at step {step}: stopped "
+                   f"before the update. The latest checkpoint in {cfg['log_dir']} is intact; lower max_lr or check "
+                   f"the data, then rerun to resume from it")
+            log({"step": step, "event": "non-finite", "loss": loss_accum.item(), "grad_norm": norm.item()})
+            if ddp:
+                dist.destroy_process_group()
+            sys.exit(1)
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        if use_cuda:
+            torch.cuda.synchronize()  # wait for the GPU before reading the clock
+        dt = time.time() - t0
+        step += 1
+        tok_s = cfg["total_batch_size"] / dt
+        util = mfu(model_config, tok_s / world_size, peak, T)
+        print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_accum.item():.6f} | lr {lr:.4e} | norm "
+               f"{norm.item():.4f} | {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
+               + ("n/a" if util is None else f"{util:.1%}"))
+        log({"step": step, "loss": loss_accum.item(), "lr": lr, "grad_norm": norm.item(), "ms": dt * 1000,
+             "tok_s": tok_s, "mfu": util})
+        last = step == cfg["max_steps"]
+        if step % cfg["eval_interval"] == 0 or last:
+            evaluate()
+        if step % cfg["checkpoint_interval"] == 0 or last or stop.item():
+            save_checkpoint()
+        if stop.item():
+            print0(f"stopped by signal after step {step}; rerun the same command to resume")
+            break
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
