@@ -9,6 +9,7 @@ Shard file (.bin), llm.c's format so shards are interchangeable with it:
 Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
 """
 import glob
+import json
 import os
 
 import numpy as np
@@ -75,6 +76,18 @@ def load_shard(path):
     """The tokens of a shard as a read-only, memory-mapped uint16 array (nothing is read until used)."""
     n = int(read_header(path)[2])
     return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES, shape=(n,))
+
+
+def iter_jsonl(path):
+    """(where, row) for each non-blank line of a .jsonl file; where is "path:line" for error messages."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
 
 
 def tokenize_text_file(path):

@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from dataloader import read_header, shard_path, to_uint16, write_shard
+from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_shard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 EXTENSIONS = (".jsonl", ".parquet", ".txt")
@@ -34,15 +34,8 @@ def iter_file(path, text_field):
         with open(path, encoding="utf-8") as f:
             yield f.read()
     elif path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-                yield field(row, text_field, f"{path}:{lineno}")
+        for where, row in iter_jsonl(path):
+            yield field(row, text_field, where)
     elif path.endswith(".parquet"):
         import pyarrow.parquet as pq  # comes with datasets
         pf = pq.ParquetFile(path)

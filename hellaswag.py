@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from dataloader import iter_jsonl
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -38,20 +39,6 @@ def normalize(example, where):
             or not 0 <= label < 4:
         raise ValueError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label 0-3)")
     return {"ctx": ctx, "endings": endings, "label": label}
-
-
-def read_jsonl(path):
-    examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            examples.append(normalize(row, f"{path}:{lineno}"))
-    return examples
 
 
 def download(cache_dir):
@@ -90,7 +77,7 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
             ds = ds["validation"]
         examples = [normalize(row, f"{path} row {i}") for i, row in enumerate(ds)]
     elif os.path.isfile(path):
-        examples = read_jsonl(path)
+        examples = [normalize(row, where) for where, row in iter_jsonl(path)]
     else:
         raise FileNotFoundError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk folder, "
                                 f"or leave --data out to download it")
