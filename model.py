@@ -28,6 +28,7 @@ class GPTConfig:
     n_embd: int = 768
     n_kv_head: Optional[int] = None  # key/value heads: None = n_head (MHA), 1 = multi-query, between = grouped-query
     grad_checkpoint: bool = False  # recompute each block in backward: activation memory for ~1/3 more compute
+    flash: bool = True  # False: explicit masked-softmax attention (a T x T matrix per head), bench.py's baseline
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -74,6 +75,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim, self.layer = config.n_head, config.n_kv_head, config.head_dim, layer
+        self.flash = config.flash
         # queries for every head, keys and values for the (possibly fewer) K/V heads, in one matmul
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
@@ -94,9 +96,20 @@ class CausalSelfAttention(nn.Module):
                 causal = False
             elif pos > 0:  # one new token sees everything cached
                 causal = False
-        # flash attention on GPU; enable_gqa lets each K/V head serve n_head / n_kv_head query heads without copies
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           enable_gqa=self.n_kv_head != self.n_head)  # (B, nh, T, hs)
+        if self.flash:  # flash attention on GPU; enable_gqa: each K/V head serves n_head / n_kv_head query heads
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                               enable_gqa=self.n_kv_head != self.n_head)  # (B, nh, T, hs)
+        else:  # the textbook way: the whole (T, S) score matrix is written to and read back from memory
+            if self.n_kv_head != self.n_head:
+                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, S, hs)
+                v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+            S = k.size(2)
+            if causal:
+                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+            if mask is not None:
+                att = att.masked_fill(~mask, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.c_proj(y)
 

@@ -123,8 +123,18 @@ def test_kv_cache_equals_recompute(n_kv_head):
     assert torch.equal(cached, full)
 
 
-def test_kv_cache_chunks_match_full_forward():
-    c = tiny(n_kv_head=2)
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_explicit_attention_matches_flash(n_kv_head):
+    x = torch.randint(0, 512, (2, 20))
+    flash, explicit = build(tiny(n_kv_head=n_kv_head)), build(tiny(n_kv_head=n_kv_head, flash=False))
+    assert torch.allclose(flash(x)[0], explicit(x)[0], atol=1e-5)
+    idx = x[:, :5]  # and through the KV-cache (prefill, then one token at a time)
+    assert torch.equal(flash.generate(idx, 10, top_k=1), explicit.generate(idx, 10, top_k=1))
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_kv_cache_chunks_match_full_forward(flash):
+    c = tiny(n_kv_head=2, flash=flash)
     m = build(c)
     x = torch.randint(0, 512, (2, 20))
     cache = KVCache(c, 2)

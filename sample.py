@@ -1,0 +1,67 @@
+"""Generate text from a training checkpoint or an OpenAI / Hugging Face GPT-2.
+
+    python sample.py --model log/model_000150.pt
+    python sample.py --model gpt2 --prompt "The meaning of life is" --num_samples 3 --max_new_tokens 100
+    python sample.py --model log/model_019073.pt --prompt FILE:prompt.txt --top_k 200 --temperature 0.8
+"""
+import argparse
+import contextlib
+import time
+
+import torch
+
+from model import load_model
+from tokenizer import get_encoding
+
+
+def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, device):
+    """num_samples continuations of prompt (one batch, KV-cache), decoded, and the generated tokens/s."""
+    enc = get_encoding()
+    ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
+    idx = torch.tensor([ids] * num_samples, device=device)
+    gen = torch.Generator(device).manual_seed(seed)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if idx.is_cuda else contextlib.nullcontext()
+    t0 = time.time()
+    with amp:
+        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+    if idx.is_cuda:
+        torch.cuda.synchronize()
+    return [enc.decode(row.tolist()) for row in out], num_samples * max_new_tokens / (time.time() - t0)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt2", help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, "
+                        "or gpt2[-medium|-large|-xl]")
+    parser.add_argument("--prompt", default="Hello, I'm a language model,", help='text, or FILE:path to read it')
+    parser.add_argument("--num_samples", type=int, default=4)
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0, help="< 1 sharper, > 1 more random")
+    parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest tokens (0 = all)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    if args.num_samples < 1 or args.max_new_tokens < 1:
+        parser.error("--num_samples and --max_new_tokens must be >= 1")
+    prompt = args.prompt
+    if prompt.startswith("FILE:"):
+        try:
+            with open(prompt[5:], encoding="utf-8") as f:
+                prompt = f.read()
+        except FileNotFoundError:
+            parser.error(f"prompt file {prompt[5:]} does not exist")
+    try:
+        model = load_model(args.model)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    model.to(args.device).eval()
+    texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
+                          args.top_k or None, args.seed, args.device)
+    for text in texts:
+        print(text)
+        print("-" * 80)
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {args.device}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import plot
+import sample
+from model import GPT, GPTConfig
+from tokenizer import get_encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny model trained for a few steps on a repeated sentence, saved like train_gpt2.py saves it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32))
+    ids = get_encoding().encode_ordinary("To be, or not to be, that is the question. " * 8)[:65]
+    x, y = torch.tensor([ids[:-1]]), torch.tensor([ids[1:]])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        opt.zero_grad()
+        model(x, y)[1].backward()
+        opt.step()
+    path = tmp_path_factory.mktemp("ckpt") / "model_000060.pt"
+    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, path)
+    return str(path), model.eval()
+
+
+def run_sample(*args):
+    return subprocess.run([sys.executable, "sample.py", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_sample_cli(checkpoint, tmp_path):
+    path, model = checkpoint
+    args = ["--model", path, "--prompt", "To be, or not", "--num_samples", "2", "--max_new_tokens", "12",
+            "--top_k", "1", "--device", "cpu"]
+    r = run_sample(*args)
+    assert r.returncode == 0, r.stderr
+    texts = r.stdout.split("-" * 80 + "\n")[:2]
+    assert all(t.startswith("To be, or not to be, that is the question") for t in texts)  # it learned the line
+    assert "2 x 12 tokens," in r.stdout and "tokens/s on cpu" in r.stdout
+    (tmp_path / "prompt.txt").write_text("To be, or not", encoding="utf-8")
+    r2 = run_sample(*[a if a != "To be, or not" else f"FILE:{tmp_path / 'prompt.txt'}" for a in args])
+    assert r2.returncode == 0 and r2.stdout.split("-" * 80)[0] == r.stdout.split("-" * 80)[0]
+
+
+def test_sample_matches_generate_and_is_seeded(checkpoint):
+    _, model = checkpoint
+    texts, tok_s = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, "cpu")
+    enc = get_encoding()
+    idx = torch.tensor([enc.encode_ordinary("To be")] * 3)
+    ref = model.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(7))
+    assert texts == [enc.decode(row.tolist()) for row in ref] and tok_s > 0
+    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 7, "cpu")[0] == texts
+    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 8, "cpu")[0] != texts
+    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, "cpu")[0][0]) > len("<|endoftext|>")  # empty prompt
+
+
+def test_sample_errors(tmp_path):
+    r = run_sample("--model", str(tmp_path / "missing.pt"), "--device", "cpu")
+    assert r.returncode != 0 and "checkpoint" in r.stderr and "missing.pt does not exist" in r.stderr
+    r = run_sample("--model", "gpt-7", "--device", "cpu")
+    assert r.returncode != 0 and "unknown model 'gpt-7'" in r.stderr
+    r = run_sample("--prompt", f"FILE:{tmp_path / 'none.txt'}", "--device", "cpu")
+    assert r.returncode != 0 and "none.txt does not exist" in r.stderr
+
+
+def write_log(path, records, tail=""):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.write(tail)
+
+
+def test_plot_resumed_and_live_log(tmp_path):
+    recs = [{"event": "start", "step": 0, "config": {}}]
+    recs += [{"step": s, "loss": 10 - s * 0.1, "lr": 1e-3} for s in range(1, 41)]
+    recs += [{"step": 20, "val_loss": 8.0}, {"step": 20, "hellaswag": 0.26}, {"step": 20, "samples": ["x"]}]
+    recs += [{"event": "start", "step": 30}]  # resumed at step 30: steps 31-40 are done again
+    recs += [{"step": s, "loss": 5.0, "lr": 1e-3} for s in range(31, 46)]
+    recs += [{"step": 40, "val_loss": 6.0}, {"step": 40, "hellaswag": 0.28}]
+    log = tmp_path / "metrics.jsonl"
+    write_log(log, recs, tail='{"step": 46, "lo')  # a live run is writing this line
+    series = plot.load_metrics(str(log))
+    assert sorted(series["loss"]) == list(range(1, 46)) and series["loss"][35] == 5.0 and series["loss"][30] == 7.0
+    assert series["val_loss"] == {20: 8.0, 40: 6.0} and series["hellaswag"] == {20: 0.26, 40: 0.28}
+    r = subprocess.run([sys.executable, "plot.py", "--log", str(log), "--logy", "--gpt2_val_loss", "3.29"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    png = tmp_path / "plot.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "45 train steps, 2 val evals, 2 HellaSwag evals" in r.stdout
+
+
+def test_plot_errors(tmp_path):
+    r = subprocess.run([sys.executable, "plot.py", "--log", str(tmp_path / "nope.jsonl")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr
+    write_log(tmp_path / "start.jsonl", [{"event": "start", "step": 0}])
+    with pytest.raises(ValueError, match="no loss or evaluation records"):
+        plot.load_metrics(str(tmp_path / "start.jsonl"))
+    write_log(tmp_path / "bad.jsonl", [], tail="not json\n{}\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
+        plot.load_metrics(str(tmp_path / "bad.jsonl"))
