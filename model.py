@@ -4,7 +4,6 @@ export of Hugging Face GPT-2 weights, and the FLOP / memory accounting used for 
 Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_attn.weight, ...), except
 that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
 """
-import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -188,14 +187,15 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------------------------------------
     # training
 
-    def configure_optimizers(self, weight_decay, learning_rate, device_type):
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains."""
+    def configure_optimizers(self, weight_decay, learning_rate, device_type, fused=None):
+        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains.
+        fused=None uses the fused kernel on CUDA (bench.py turns it off to measure what it is worth)."""
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         # the fused kernel does the whole update in a few launches instead of several per tensor
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        fused = device_type == "cuda" if fused is None else fused
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
     # ----------------------------------------------------------------------------------------------------

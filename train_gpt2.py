@@ -65,9 +65,11 @@ CONFIG = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and 
 
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
+SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
+    B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, checkpoint_interval=300)
 CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
-    B=8, T=128, total_batch_size=2048, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3, warmup_steps=20,
-    max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50, compile=False)
+    B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3, warmup_steps=20, max_steps=150,
+    eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50, compile=False)
 
 
 def parse_overrides(argv, defaults):
@@ -95,6 +97,26 @@ def parse_overrides(argv, defaults):
         except ValueError:
             raise SystemExit(f"error: --{key}={value!r} is not a {kind.__name__} (default: {defaults[key]!r})") from None
     return overrides
+
+
+def apply_fallbacks(cfg, overrides, use_cuda, world_size):
+    """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small model.
+    Both with settings to match, except those given on the command line; one step is then 2 micro-batches."""
+    small, notes = {}, []
+    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on input.txt")
+        small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
+    elif not os.path.exists(cfg["data_root"]):
+        raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python fineweb.py "
+                         f"--out_dir {cfg['data_root']}` or point --data_root at a text file")
+    if not use_cuda:
+        notes.append("no CUDA device: training a small model with a small batch on the CPU (settings given on the "
+                     "command line are kept)")
+        small.update(CPU_CONFIG)
+    cfg = {**cfg, **{k: v for k, v in small.items() if k not in overrides}}
+    if small and "total_batch_size" not in overrides:
+        cfg["total_batch_size"] = cfg["B"] * cfg["T"] * world_size * 2
+    return cfg, notes
 
 
 def get_lr(step, cfg):
@@ -146,17 +168,7 @@ def main(argv):
     if ddp:  # NCCL between GPUs, gloo between CPU processes
         dist.init_process_group("nccl" if use_cuda else "gloo")
 
-    fallbacks = []
-    if not use_cuda:
-        fallbacks.append("no CUDA device: training a small model with a small batch on the CPU (settings given on "
-                         "the command line are kept)")
-        cfg.update({k: v for k, v in CPU_CONFIG.items() if k not in overrides})
-    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
-        fallbacks.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on input.txt")
-        cfg["data_root"] = SHAKESPEARE
-    elif not os.path.exists(cfg["data_root"]):
-        raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python fineweb.py "
-                         f"--out_dir {cfg['data_root']}` or point --data_root at a text file")
+    cfg, fallbacks = apply_fallbacks(cfg, overrides, use_cuda, world_size)
     for f in fallbacks:
         print0(f"NOTE: {f}")
 

@@ -173,18 +173,33 @@ def test_compile_on_cpu_train_hellaswag_and_sampling(tmp_path, text):
     from test_hellaswag import example, write_jsonl
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(6)])
     log = str(tmp_path / "log")
-    r = run(TINY + [f"--data_root={text}", "--compile=True", "--max_steps=2", "--eval_interval=2",
+    # evals after steps 1 and 2: training goes on after a compiled eval, too
+    r = run(TINY + [f"--data_root={text}", "--compile=True", "--max_steps=2", "--eval_interval=1",
                     "--hellaswag=6", f"--hellaswag_data={data}", f"--log_dir={log}"], cwd=tmp_path)
     recs = records(log)
     hs = [rec for rec in recs if "hellaswag" in rec]
-    assert len(hs) == 1 and hs[0]["hellaswag_n"] == 6
+    assert [h["step"] for h in hs] == [1, 2] and hs[-1]["hellaswag_n"] == 6 and sorted(losses(log)) == [1, 2]
     assert any("samples" in rec for rec in recs) and "sample: " in r.stdout
     # the compiled evaluator agrees with an eager evaluation of the same (final) weights
     eager = evaluate(load_model(train_gpt2.checkpoints(log)[-1]).eval(), load_examples(data), "cpu", batch_size=1)
-    assert eager["acc_norm"] == hs[0]["hellaswag"] and eager["acc"] == hs[0]["hellaswag_acc"]
+    assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 
 # ------------------------------------------------------------------------------------------------ settings
+
+@pytest.mark.parametrize("use_cuda, world_size", [(True, 1), (True, 8), (False, 1), (False, 2)])
+def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_size):
+    """No shards (and maybe no GPU): the settings chosen must make a valid run on input.txt."""
+    from dataloader import DataLoaderLite
+    monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
+    cfg, notes = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, use_cuda, world_size)
+    assert cfg["data_root"] == train_gpt2.SHAKESPEARE and len(notes) == 1 + (not use_cuda)
+    assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
+    for split in ("train", "val"):  # raises if a split is shorter than one step
+        DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
+    kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, use_cuda, world_size)
+    assert kept["B"] == 2 and kept["total_batch_size"] == 2 * kept["T"] * world_size * 2  # the command line wins
+
 
 def test_lr_schedule():
     cfg = dict(max_lr=1.0, min_lr_ratio=0.1, warmup_steps=10, max_steps=110)

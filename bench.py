@@ -1,0 +1,218 @@
+"""The acceleration ladder: GPT-2 training throughput as each speed-up is switched on, measured.
+
+    python bench.py                      # CUDA: GPT-2 124M, B=16, T=1024; CPU: a small model (a smoke test)
+    python bench.py --B 32 --out bench.md
+    python bench.py --skip compile       # leave a rung's switch off in every later rung too
+
+Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +flash attention (SDPA
+instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is timed over full training
+steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and compiling) excluded, the
+GPU synchronised around each step, the median reported. Then: KV-cache generation vs full recomputation,
+model.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
+kernel (kernels.py) in GB/s against the memory bandwidth.
+"""
+import argparse
+import contextlib
+import datetime
+import statistics
+import sys
+import time
+
+import torch
+
+from model import GPT, GPTConfig, flops_per_token, peak_flops, training_memory
+
+RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
+    ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
+    ("flash", {"flash": True}), ("vocab", {"vocab_size": 50304}), ("fused", {"fused": True}),
+]
+BASE = {"tf32": False, "bf16": False, "compile": False, "flash": False, "vocab_size": 50257, "fused": False}
+LABEL = {"fp32": "fp32, eager", "tf32": "+ TF32 matmuls", "bf16": "+ bf16 autocast", "compile": "+ torch.compile",
+         "flash": "+ flash attention", "vocab": "+ vocab 50304", "fused": "+ fused AdamW"}
+PEAK_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "H200": 4.8e12,
+                  "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12}  # bytes/s, most specific name first
+
+
+def lookup(table, name):
+    return next((v for k, v in table.items() if k in name), None)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def fmt_bytes(n):
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def build(size, s, device):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
+
+
+def time_steps(size, s, B, T, device, steps, warmup):
+    """Median seconds per training step, and the peak memory (CUDA), for the settings s."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
+    torch._dynamo.reset()  # each rung compiles afresh
+    model = build(size, s, device)
+    opt = model.configure_optimizers(0.1, 6e-4, device, fused=s["fused"])
+    step_model = torch.compile(model) if s["compile"] else model
+    amp = torch.autocast(device, dtype=torch.bfloat16) if s["bf16"] else contextlib.nullcontext()
+    x = torch.randint(0, 50257, (B, T), device=device)
+    y = torch.randint(0, 50257, (B, T), device=device)
+    times = []
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(warmup + steps):
+        sync(device)
+        t0 = time.perf_counter()
+        with amp:
+            _, loss = step_model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    del model, opt, step_model
+    return statistics.median(times), peak
+
+
+def ladder(size, B, T, device, steps, warmup, skip):
+    peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
+    rows, s, prev = [], dict(BASE), None
+    lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(lines), flush=True)
+    for name, switch in RUNGS:
+        if name in skip:
+            continue
+        s.update(switch)
+        dt, mem = time_steps(size, s, B, T, device, steps, warmup)
+        tok_s = B * T / dt
+        config = GPTConfig(**size, vocab_size=s["vocab_size"])
+        util = None if peak is None else flops_per_token(config, T) * tok_s / peak
+        lines.append(f"| {LABEL[name]} | {dt * 1000:.1f} | {tok_s:,.0f} | {'n/a' if util is None else f'{util:.1%}'} "
+                     f"| {fmt_bytes(mem)} | {'' if prev is None else f'{prev / dt:.2f}x'} |")
+        print(lines[-1], flush=True)
+        rows.append((name, dict(s), dt, mem))
+        prev = dt
+    return lines, rows
+
+
+def generation(size, device, prompt_len, new_tokens, batch):
+    """Tokens/s of generate() with and without the KV-cache (greedy, so both produce the same tokens)."""
+    model = build(size, {"vocab_size": 50304, "flash": True}, device).eval()
+    amp = torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
+    rates, outs = {}, {}
+    for use_cache in (False, True):
+        with amp:
+            model.generate(idx, 4, top_k=1, use_cache=use_cache)  # warm-up
+            sync(device)
+            t0 = time.perf_counter()
+            outs[use_cache] = model.generate(idx, new_tokens, top_k=1, use_cache=use_cache)
+            sync(device)
+        rates[use_cache] = batch * new_tokens / (time.perf_counter() - t0)
+    same = torch.equal(outs[False], outs[True])
+    return [f"KV-cache generation, batch {batch}, prompt {prompt_len} + {new_tokens} new tokens: "
+            f"{rates[True]:,.0f} tok/s with the cache vs {rates[False]:,.0f} tok/s recomputing "
+            f"({rates[True] / rates[False]:.1f}x; identical tokens: {same})"]
+
+
+def memory(size, s, B, T, measured):
+    config = GPTConfig(**size, vocab_size=s["vocab_size"])
+    est = training_memory(config, B, T, "bf16" if s["bf16"] else "fp32")
+    parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in est.items() if k != "total")
+    line = f"memory at B={B}, T={T}: model.py estimate {fmt_bytes(est['total'])} ({parts}); measured peak {fmt_bytes(measured)}"
+    if measured:
+        line += f" (estimate / measured = {est['total'] / measured:.2f})"
+    return [line]
+
+
+def largest_batch(size, s, T, start):
+    """Doubles B from `start` until a training step runs out of GPU memory (eager: no compile per B)."""
+    s = {**s, "compile": False}
+    best, B = None, start
+    while B <= 1024:
+        try:
+            time_steps(size, s, B, T, "cuda", 1, 1)
+            best, B = B, B * 2
+        except torch.cuda.OutOfMemoryError:
+            break
+        finally:
+            torch.cuda.empty_cache()
+    return [f"largest micro-batch that fits (powers of two, eager, bf16, T={T}): B={best}"]
+
+
+def softmax_bandwidth(rows=4096, cols=50304):
+    """The three softmaxes on a (rows, cols) fp32 tensor, in GB/s counted as one read + one write."""
+    import kernels
+    x = torch.randn(rows, cols, device="cuda")
+    bw = lookup(PEAK_BANDWIDTH, torch.cuda.get_device_name())
+    out = [f"softmax over {rows} x {cols} fp32 (GB/s = 2 x bytes / time; "
+           f"memory bandwidth {'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
+    for name, fn in (("naive PyTorch", kernels.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
+                     ("Triton fused", kernels.softmax)):
+        fn(x)
+        sync("cuda")
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn(x)
+        sync("cuda")
+        gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / 20) / 1e9
+        out.append(f"  {name}: {gbs:,.0f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--B", type=int, default=None, help="micro-batch (default 16 on CUDA, 4 on CPU)")
+    parser.add_argument("--T", type=int, default=None, help="sequence length (default 1024 on CUDA, 64 on CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 20 / 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 / 1)")
+    parser.add_argument("--skip", default="", help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
+    parser.add_argument("--out", default=None, help="also write the report to this markdown file")
+    args = parser.parse_args()
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA device")
+    skip = {s for s in args.skip.split(",") if s}
+    if skip - {n for n, _ in RUNGS}:
+        parser.error(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
+    size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
+        dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
+    B = args.B or (16 if cuda else 4)
+    T = args.T or (1024 if cuda else 64)
+    steps, warmup = args.steps or (20 if cuda else 3), args.warmup or (5 if cuda else 1)
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    report = [f"# bench.py, {datetime.date.today()}", "",
+              f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
+              f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps after "
+              f"{warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
+    print("\n".join(report), flush=True)
+    lines, rows = ladder(size, B, T, args.device, steps, warmup, skip)
+    report += lines + [""]
+    last_name, last_s, _, last_mem = rows[-1]
+    extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
+    extra += memory(size, last_s, B, T, last_mem)
+    if cuda:
+        extra += largest_batch(size, last_s, T, B)
+        extra += softmax_bandwidth()
+    else:
+        extra += ["largest micro-batch and softmax kernel GB/s: CUDA only"]
+    for line in extra:
+        print(line, flush=True)
+    report += extra
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(report) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
