@@ -173,6 +173,10 @@ def main(argv):
         print0(f"NOTE: {f}")
 
     # ---------------------------------------------------------------------------------------------- derived values
+    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps", "checkpoint_interval",
+                "keep_checkpoints"):
+        if cfg[key] < 1:
+            raise SystemExit(f"error: --{key}={cfg[key]} must be at least 1")
     B, T = cfg["B"], cfg["T"]
     if T > cfg["block_size"]:
         raise SystemExit(f"error: T={T} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
@@ -183,6 +187,12 @@ def main(argv):
     grad_accum_steps = cfg["total_batch_size"] // tokens_per_micro_step
     os.makedirs(cfg["log_dir"], exist_ok=True)
     existing = checkpoints(cfg["log_dir"])
+    if ddp:  # every rank must start from the same checkpoint: on several nodes log_dir must be shared
+        seen = [None] * world_size
+        dist.all_gather_object(seen, existing[-1:])
+        if any(s != seen[0] for s in seen):
+            raise SystemExit(f"error: the ranks see different checkpoints in {cfg['log_dir']} ({seen[0]} on rank 0): "
+                             f"on several nodes log_dir must be on a filesystem they all share")
     if cfg["init_from"] == "scratch" and existing:
         if "init_from" in overrides:
             raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
@@ -199,7 +209,7 @@ def main(argv):
     ckpt = None
     if cfg["init_from"] == "resume":
         ckpt = torch.load(existing[-1], map_location="cpu", weights_only=True)
-        model_config = GPTConfig(**ckpt["model_config"])
+        model_config = GPTConfig(**{**ckpt["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
         raw_model = GPT(model_config)
         raw_model.load_state_dict(ckpt["model"])
     elif cfg["init_from"] == "scratch":
