@@ -84,7 +84,7 @@ def time_steps(size, s, B, T, device, steps, warmup):
 
 def ladder(size, B, T, device, steps, warmup, skip):
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
-    rows, s, prev = [], dict(BASE), None
+    s, prev = dict(BASE), None
     lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     for name, switch in RUNGS:
@@ -98,9 +98,8 @@ def ladder(size, B, T, device, steps, warmup, skip):
         lines.append(f"| {LABEL[name]} | {dt * 1000:.1f} | {tok_s:,.0f} | {'n/a' if util is None else f'{util:.1%}'} "
                      f"| {fmt_bytes(mem)} | {'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
-        rows.append((name, dict(s), dt, mem))
         prev = dt
-    return lines, rows
+    return lines, s, mem  # the table, and the last rung's settings and peak memory
 
 
 def generation(size, device, prompt_len, new_tokens, batch):
@@ -184,6 +183,8 @@ def main():
     skip = {s for s in args.skip.split(",") if s}
     if skip - {n for n, _ in RUNGS}:
         parser.error(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
+    if len(skip) == len(RUNGS):
+        parser.error("--skip leaves no rung to measure")
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
     B = args.B or (16 if cuda else 4)
@@ -195,9 +196,8 @@ def main():
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps after "
               f"{warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
-    lines, rows = ladder(size, B, T, args.device, steps, warmup, skip)
+    lines, last_s, last_mem = ladder(size, B, T, args.device, steps, warmup, skip)
     report += lines + [""]
-    last_name, last_s, _, last_mem = rows[-1]
     extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
     extra += memory(size, last_s, B, T, last_mem)
     if cuda:

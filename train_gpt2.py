@@ -307,8 +307,9 @@ def main(argv):
                 val_loss /= world_size
         print0(f"step {step}: val loss {val_loss.item():.4f}")
         log({"step": step, "val_loss": val_loss.item()})
-        if examples is not None:  # through the compiled model: fixed shapes, so it compiles once per shape
-            hs = hellaswag_eval(model, examples, dev, max(1, B * T // 768), rank, world_size)
+        if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
+            per_forward = max(1, B * T // (4 * 192))  # 4 rows of <= 192 tokens an example: a micro-batch's tokens
+            hs = hellaswag_eval(model, examples, dev, per_forward, rank, world_size)
             print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
             log({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"], "hellaswag_n": hs["n"]})
         if master:  # decoding changes shapes every token: the uncompiled module with its KV-cache
