@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, flops_per_token, peak_flops, training_memory
+from model import GPT, GPTConfig, autocast, flops_per_token, peak_flops, training_memory
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -105,11 +105,10 @@ def ladder(size, B, T, device, steps, warmup, skip):
 def generation(size, device, prompt_len, new_tokens, batch):
     """Tokens/s of generate() with and without the KV-cache (greedy, so both produce the same tokens)."""
     model = build(size, {"vocab_size": 50304, "flash": True}, device).eval()
-    amp = torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
     idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
     rates, outs = {}, {}
     for use_cache in (False, True):
-        with amp:
+        with autocast(device):
             model.generate(idx, 4, top_k=1, use_cache=use_cache)  # warm-up
             sync(device)
             t0 = time.perf_counter()

@@ -8,6 +8,7 @@ Shard file (.bin), llm.c's format so shards are interchangeable with it:
     tokens  uint16 x n    GPT-2 token ids
 Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
 """
+import functools
 import glob
 import json
 import os
@@ -90,12 +91,15 @@ def iter_jsonl(path):
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
 
 
+@functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
 def tokenize_text_file(path):
-    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16)."""
+    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16, read-only)."""
     from tokenizer import get_encoding
     enc = get_encoding()
     with open(path, encoding="utf-8") as f:
-        return np.array([enc.eot_token] + enc.encode_ordinary(f.read()), dtype=np.uint16)
+        tokens = np.array([enc.eot_token] + enc.encode_ordinary(f.read()), dtype=np.uint16)
+    tokens.flags.writeable = False
+    return tokens
 
 
 class DataLoaderLite:
@@ -165,11 +169,12 @@ class DataLoaderLite:
                 "shards": [os.path.basename(name) for name, _ in self.shards]}
 
     def load_state_dict(self, state):
+        mine = self.state_dict()
         for key in ("B", "T", "num_processes", "split", "shuffle", "seed", "shards"):
-            mine = self.state_dict()[key]
-            if state[key] != mine:
+            if state[key] != mine[key]:
                 raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this loader "
-                                 f"has {key}={mine!r}; an exact resume needs the same data, batch shape and world size")
+                                 f"has {key}={mine[key]!r}; an exact resume needs the same data, batch shape and "
+                                 f"world size")
         self.epoch, self.shard, self.step = state["epoch"], state["shard"], state["step"]
         self._plan()
 
@@ -178,7 +183,7 @@ class DataLoaderLite:
         n = len(self.shards)
         rng = np.random.default_rng([self.seed, self.epoch])
         self.order = rng.permutation(n) if self.shuffle else np.arange(n)
-        k = int(self.order[self.shard])
+        self.current = k = int(self.order[self.shard])  # index into self.shards
         rows = self.steps_per_shard[k] * self.B * self.world  # the rows this epoch serves; the tail is skipped
         self.rows = (np.random.default_rng([self.seed, self.epoch, k]).permutation(rows) if self.shuffle
                      else np.arange(rows))
@@ -188,13 +193,13 @@ class DataLoaderLite:
     def next_batch(self):
         import torch  # here, not at the top: fineweb.py uses this module's shard I/O and needs no torch (~2 s)
         B, T = self.B, self.T
-        tokens = self.shards[int(self.order[self.shard])][1]
+        tokens = self.shards[self.current][1]
         first = (self.step * self.world + self.rank) * B
         buf = np.stack([tokens[j * T: j * T + T + 1] for j in self.rows[first:first + B]]).astype(np.int64)
         x = torch.from_numpy(buf[:, :-1].copy())  # (B, T) inputs
         y = torch.from_numpy(buf[:, 1:].copy())  # (B, T) targets: the next token
         self.step += 1
-        if self.step == self.steps_per_shard[int(self.order[self.shard])]:  # same step on every rank
+        if self.step == self.steps_per_shard[self.current]:  # same step on every rank
             self.step, self.shard = 0, self.shard + 1
             if self.shard == len(self.shards):
                 self.shard, self.epoch = 0, self.epoch + 1

@@ -10,7 +10,6 @@ of its tokens given the context, summed (acc) or averaged over its tokens (acc_n
 evaluate() is the one implementation, used by this script and by train_gpt2.py.
 """
 import argparse
-import contextlib
 import json
 import os
 import time
@@ -20,6 +19,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from dataloader import iter_jsonl
+from model import autocast
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -108,13 +108,6 @@ def ending_losses(logits, tokens, mask):
     losses[keep] = F.cross_entropy(logits[:, :-1][keep].float(), tokens[:, 1:][keep], reduction="none")
     total = losses.sum(1)
     return total, total / keep.sum(1)
-
-
-def autocast(device):
-    """bf16 autocast on CUDA; float32 elsewhere."""
-    if torch.device(device).type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()

@@ -4,6 +4,7 @@ export of Hugging Face GPT-2 weights, and the FLOP / memory accounting used for 
 Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_attn.weight, ...), except
 that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
 """
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -292,6 +293,13 @@ class GPT(nn.Module):
         embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+
+def autocast(device):
+    """The project's mixed precision: bf16 autocast on CUDA; float32 elsewhere."""
+    if torch.device(device).type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def load_model(spec):

@@ -5,12 +5,11 @@
     python sample.py --model log/model_019073.pt --prompt FILE:prompt.txt --top_k 200 --temperature 0.8
 """
 import argparse
-import contextlib
 import time
 
 import torch
 
-from model import load_model
+from model import autocast, load_model
 from tokenizer import get_encoding
 
 
@@ -20,9 +19,8 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
     ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
     idx = torch.tensor([ids] * num_samples, device=device)
     gen = torch.Generator(device).manual_seed(seed)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if idx.is_cuda else contextlib.nullcontext()
     t0 = time.time()
-    with amp:
+    with autocast(device):
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     if idx.is_cuda:
         torch.cuda.synchronize()

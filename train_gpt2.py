@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
-from model import GPT, GPTConfig, mfu, peak_flops, training_memory
+from model import GPT, GPTConfig, autocast, mfu, peak_flops, training_memory
 from tokenizer import get_encoding
 
 # ------------------------------------------------------------------------------------------------------------
@@ -224,7 +224,6 @@ def main(argv):
     model = torch.compile(raw_model) if cfg["compile"] else raw_model  # shares raw_model's parameters
     train_model = DDP(model, device_ids=[local_rank] if use_cuda else None) if ddp else model
     optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_cuda else contextlib.nullcontext()
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
 
     # ---------------------------------------------------------------------------------------------- data
@@ -299,7 +298,7 @@ def main(argv):
             val_loss = torch.zeros((), device=dev)
             for _ in range(cfg["val_steps"]):
                 x, y = val_loader.next_batch()
-                with autocast:
+                with autocast(dev):
                     _, loss = model(x.to(dev), y.to(dev))
                 val_loss += loss.detach() / cfg["val_steps"]
             if ddp:
@@ -315,7 +314,7 @@ def main(argv):
         if master:  # decoding changes shapes every token: the uncompiled module with its KV-cache
             gen = torch.Generator(dev).manual_seed(cfg["seed"])  # its own RNG: sampling leaves training's untouched
             prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * 4, device=dev)
-            with autocast:
+            with autocast(dev):
                 out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
             samples = [enc.decode(row.tolist()) for row in out]
             for s in samples:
@@ -335,7 +334,7 @@ def main(argv):
             last_micro = micro_step == grad_accum_steps - 1
             # DDP all-reduces gradients only after the last micro-step; before it they just accumulate
             with (contextlib.nullcontext() if last_micro or not ddp else train_model.no_sync()):
-                with autocast:
+                with autocast(dev):
                     _, loss = train_model(x, y)
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
                 loss_accum += loss.detach()
@@ -346,11 +345,12 @@ def main(argv):
             loss_accum /= world_size
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
-        if not (torch.isfinite(loss_accum) and torch.isfinite(norm)):  # CPU-GPU sync point
-            print0(f"error: non-finite loss {loss_accum.item()} or grad norm {norm.item()} at step {step}: stopped "
+        loss_v, norm_v, stop = loss_accum.item(), norm.item(), stop.item()  # CPU-GPU sync point
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            print0(f"error: non-finite loss {loss_v} or grad norm {norm_v} at step {step}: stopped "
                    f"before the update. The latest checkpoint in {cfg['log_dir']} is intact; lower max_lr or check "
                    f"the data, then rerun to resume from it")
-            log({"step": step, "event": "non-finite", "loss": loss_accum.item(), "grad_norm": norm.item()})
+            log({"step": step, "event": "non-finite", "loss": loss_v, "grad_norm": norm_v})
             if ddp:
                 dist.destroy_process_group()
             sys.exit(1)
@@ -364,17 +364,17 @@ def main(argv):
         step += 1
         tok_s = cfg["total_batch_size"] / dt
         util = mfu(model_config, tok_s / world_size, peak, T)
-        print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_accum.item():.6f} | lr {lr:.4e} | norm "
-               f"{norm.item():.4f} | {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
+        print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm "
+               f"{norm_v:.4f} | {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
                + ("n/a" if util is None else f"{util:.1%}"))
-        log({"step": step, "loss": loss_accum.item(), "lr": lr, "grad_norm": norm.item(), "ms": dt * 1000,
+        log({"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
              "tok_s": tok_s, "mfu": util})
         last = step == cfg["max_steps"]
         if step % cfg["eval_interval"] == 0 or last:
             evaluate()
-        if step % cfg["checkpoint_interval"] == 0 or last or stop.item():
+        if step % cfg["checkpoint_interval"] == 0 or last or stop:
             save_checkpoint()
-        if stop.item():
+        if stop:
             print0(f"stopped by signal after step {step}; rerun the same command to resume")
             break
     if ddp:
