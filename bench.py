@@ -14,6 +14,7 @@ kernel (kernels.py) in GB/s against the memory bandwidth.
 import argparse
 import contextlib
 import datetime
+import re
 import statistics
 import sys
 import time
@@ -51,8 +52,8 @@ def build(size, s, device):
     return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
 
 
-def time_steps(size, s, B, T, device, steps, warmup):
-    """Median seconds per training step, and the peak memory (CUDA), for the settings s."""
+def training_step(size, s, B, T, device):
+    """A closure running one training step (forward, backward, clip, AdamW) with the settings s."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
     torch._dynamo.reset()  # each rung compiles afresh
     model = build(size, s, device)
@@ -61,6 +62,20 @@ def time_steps(size, s, B, T, device, steps, warmup):
     amp = torch.autocast(device, dtype=torch.bfloat16) if s["bf16"] else contextlib.nullcontext()
     x = torch.randint(0, 50257, (B, T), device=device)
     y = torch.randint(0, 50257, (B, T), device=device)
+
+    def step():
+        with amp:
+            _, loss = step_model(x, y)
+        loss.backward()
+        with torch.profiler.record_function("optimizer"):  # a label for breakdown(); free when not profiling
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return step
+
+
+def time_steps(step, device, steps, warmup):
+    """Median seconds per call of step() after warm-up, and the peak memory (CUDA)."""
     times = []
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -68,17 +83,11 @@ def time_steps(size, s, B, T, device, steps, warmup):
     for i in range(warmup + steps):
         sync(device)
         t0 = time.perf_counter()
-        with amp:
-            _, loss = step_model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step()
         sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    del model, opt, step_model
     return statistics.median(times), peak
 
 
@@ -91,7 +100,8 @@ def ladder(size, B, T, device, steps, warmup, skip):
         if name in skip:
             continue
         s.update(switch)
-        dt, mem = time_steps(size, s, B, T, device, steps, warmup)
+        step = training_step(size, s, B, T, device)
+        dt, mem = time_steps(step, device, steps, warmup)
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
@@ -99,7 +109,68 @@ def ladder(size, B, T, device, steps, warmup, skip):
                      f"| {fmt_bytes(mem)} | {'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
         prev = dt
-    return lines, s, mem  # the table, and the last rung's settings and peak memory
+    return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
+
+
+PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
+    ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy"),
+    ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
+    ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
+    ("matmuls (linear layers, lm_head)", r"gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear"),
+]
+OTHER = "other (LayerNorm, GELU, adds, embedding, copies)"
+
+
+def part_of(names):
+    """The part of PARTS for a kernel or op, given its name and then its callers' names (innermost first)."""
+    for name in names:
+        for part, pattern in PARTS:
+            if re.search(pattern, name.lower()):
+                return part
+    return OTHER
+
+
+def breakdown(step, device, step_time, steps=3, trace=None):
+    """Where a step's time goes: torch.profiler over `steps` calls of step(), summed by PARTS, and the rest of
+    the measured step time as idle (launch gaps, CPU overhead). On CUDA the time is the kernels' and the
+    kernel name decides; on CPU it is each op's self time, and an op nothing matches (a fill_ inside
+    nll_loss_backward, a mul_ inside clipping) belongs to its nearest caller that matches."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    if trace:
+        prof.export_chrome_trace(trace)
+    per_part, per_name = dict.fromkeys([part for part, _ in PARTS] + [OTHER], 0.0), {}
+    for e in prof.events():
+        if cuda:  # kernels only: CPU ops just launch them, user annotations span kernels counted already
+            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+                continue
+            sec, names = e.time_range.elapsed_us(), [e.name]
+        else:
+            if e.device_type != DeviceType.CPU:
+                continue
+            sec, names, caller = e.self_cpu_time_total, [e.name], e.cpu_parent
+            while caller is not None:
+                names.append(caller.name)
+                caller = caller.cpu_parent
+        sec /= 1e6 * steps
+        per_part[part_of(names)] += sec
+        per_name[e.name] = per_name.get(e.name, 0.0) + sec
+    busy = sum(per_part.values())
+    what = "kernel" if cuda else "op self"
+    lines = [f"where the time goes (last rung, torch.profiler over {steps} steps; {what} time by name, idle = the "
+             f"measured {step_time * 1000:.1f} ms/step minus {what} time):", "",
+             "| part | ms/step | share |", "| --- | ---: | ---: |"]
+    for part, sec in list(per_part.items()) + [("idle (launch gaps, CPU overhead)", max(0.0, step_time - busy))]:
+        lines.append(f"| {part} | {sec * 1000:.2f} | {sec / step_time:.0%} |")
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
+    lines += ["", "largest: " + "; ".join(f"{re.split(r'[<(]', n.removeprefix('void '))[0][:60]} "
+                                          f"{sec * 1000:.2f} ms" for n, sec in top)]
+    return lines
 
 
 def generation(size, device, prompt_len, new_tokens, batch):
@@ -137,7 +208,7 @@ def largest_batch(size, s, T, start):
     best, B = None, start
     while B <= 1024:
         try:
-            time_steps(size, s, B, T, "cuda", 1, 1)
+            time_steps(training_step(size, s, B, T, "cuda"), "cuda", 1, 1)
             best, B = B, B * 2
         except torch.cuda.OutOfMemoryError:
             break
@@ -175,6 +246,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 / 1)")
     parser.add_argument("--skip", default="", help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
     parser.add_argument("--out", default=None, help="also write the report to this markdown file")
+    parser.add_argument("--trace", default=None, help="write the profiled steps as a Chrome trace (JSON) here, "
+                        "for chrome://tracing or ui.perfetto.dev")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -195,8 +268,14 @@ def main():
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps after "
               f"{warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
-    lines, last_s, last_mem = ladder(size, B, T, args.device, steps, warmup, skip)
+    lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, args.device, steps, warmup, skip)
     report += lines + [""]
+    print()
+    extra = breakdown(last_step, args.device, last_dt, trace=args.trace) + [""]
+    del last_step  # frees the last rung's model before the largest-batch search
+    for line in extra:
+        print(line, flush=True)
+    report += extra
     extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
     extra += memory(size, last_s, B, T, last_mem)
     if cuda:

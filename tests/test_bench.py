@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import subprocess
@@ -9,9 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_bench_cpu_smoke(tmp_path):
     """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it)."""
     out = tmp_path / "bench.md"
+    trace = tmp_path / "trace.json"
     r = subprocess.run([sys.executable, "bench.py", "--skip", "compile", "--steps", "1", "--warmup", "1",
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+                        "--out", str(out), "--trace", str(trace)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     report = out.read_text()
     rows = re.findall(r"^\| (\+ [^|]+|fp32, eager) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]*x?) \|$", report, re.M)
     assert [name for name, *_ in rows] == ["fp32, eager", "+ TF32 matmuls", "+ bf16 autocast", "+ flash attention",
@@ -19,8 +22,67 @@ def test_bench_cpu_smoke(tmp_path):
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
     assert "identical tokens: True" in report and "model.py estimate" in report
+    parts = dict(re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \| \d+% \|$", report, re.M))
+    assert list(parts) == ["cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)",
+                           "matmuls (linear layers, lm_head)", "other (LayerNorm, GELU, adds, embedding, copies)",
+                           "idle (launch gaps, CPU overhead)"]
+    for part in ("cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)",
+                 "matmuls (linear layers, lm_head)"):  # each of them runs on every step
+        assert float(parts[part]) > 0, part
+    assert re.search(r"^largest: aten::", report, re.M)
 
 
 def test_bench_bad_rung():
     r = subprocess.run([sys.executable, "bench.py", "--skip", "warp"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "rungs are fp32, tf32, bf16, compile, flash, vocab, fused" in r.stderr
+
+
+def test_breakdown_parts():
+    """The names breakdown() sorts: CUDA kernels of eager and compiled steps, and CPU ops with their callers."""
+    from bench import OTHER, part_of
+    ce, attn, opt, mm = "cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)", \
+        "matmuls (linear layers, lm_head)"
+    cases = {
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float, "
+        "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)": ce,
+        "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>": ce,
+        "triton_red_fused__log_softmax_nll_loss_forward_3": ce,
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, "
+        "cutlass::bfloat16_t>, false, true, false>(pytorch_flash::Flash_fwd_params)": attn,
+        "fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)": attn,
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>": attn,  # the explicit attention's softmax
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>": opt,
+        "void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float const*)": opt,
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": mm,
+        "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NNN": mm,
+        "triton_tem_fused_mm_0": mm,
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>": OTHER,
+        "triton_poi_fused_add_gelu_native_layer_norm_7": OTHER,
+        "void at::native::embedding_backward_feature_kernel<float, float, long>": OTHER,
+    }
+    for name, part in cases.items():
+        assert part_of([name]) == part, name
+    assert part_of(["aten::fill_", "aten::zero_", "aten::nll_loss_backward", "aten::cross_entropy_loss"]) == ce
+    assert part_of(["aten::mul_", "optimizer"]) == opt  # clipping's mul_, under bench.py's record_function label
+    assert part_of(["aten::addmm", "aten::linear"]) == mm and part_of(["aten::mm", "MmBackward0"]) == mm
+    assert part_of(["aten::native_layer_norm", "aten::layer_norm"]) == OTHER
+
+
+def test_breakdown_follows_callers():
+    """On CPU an op that no pattern names (the fill_ that zeroes the logits' gradient inside nll_loss_backward)
+    is counted in its caller's part: a cross-entropy step is all cross-entropy."""
+    import torch
+    from torch.nn import functional as F
+    from bench import breakdown
+    logits = torch.randn(256, 50304, requires_grad=True)
+    targets = torch.randint(0, 50304, (256,))
+
+    def step():
+        logits.grad = None
+        F.cross_entropy(logits, targets).backward()
+    lines = breakdown(step, "cpu", step_time=10.0, steps=2)
+    ms = {part: float(v) for part, v in re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \|", "\n".join(lines), re.M)}
+    assert ms["cross-entropy over the logits"] > 0
+    assert ms["other (LayerNorm, GELU, adds, embedding, copies)"] < 0.02 * ms["cross-entropy over the logits"], ms
