@@ -11,8 +11,9 @@ def test_bench_cpu_smoke(tmp_path):
     """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it)."""
     out = tmp_path / "bench.md"
     trace = tmp_path / "trace.json"
-    r = subprocess.run([sys.executable, "bench.py", "--skip", "compile", "--steps", "1", "--warmup", "1",
-                        "--out", str(out), "--trace", str(trace)], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1",
+                        "--warmup", "1", "--out", str(out), "--trace", str(trace)], cwd=ROOT, capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     report = out.read_text()
