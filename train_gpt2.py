@@ -221,8 +221,11 @@ def main(argv):
         raw_model = GPT.from_pretrained(cfg["init_from"])
         model_config = raw_model.config
     raw_model.to(dev)
-    model = torch.compile(raw_model) if cfg["compile"] else raw_model  # shares raw_model's parameters
-    train_model = DDP(model, device_ids=[local_rank] if use_cuda else None) if ddp else model
+    # DDP goes inside torch.compile (PyTorch's advice): compile then splits the graph at DDP's gradient buckets,
+    # so each bucket's all-reduce overlaps the rest of the backward pass instead of all of them following it
+    ddp_model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if ddp else raw_model
+    train_model = torch.compile(ddp_model) if cfg["compile"] else ddp_model
+    model = torch.compile(raw_model) if cfg["compile"] else raw_model  # evaluation: each rank on its own batches
     optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
 
@@ -333,7 +336,7 @@ def main(argv):
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             last_micro = micro_step == grad_accum_steps - 1
             # DDP all-reduces gradients only after the last micro-step; before it they just accumulate
-            with (contextlib.nullcontext() if last_micro or not ddp else train_model.no_sync()):
+            with (contextlib.nullcontext() if last_micro or not ddp else ddp_model.no_sync()):
                 with autocast(dev):
                     _, loss = train_model(x, y)
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
