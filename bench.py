@@ -100,8 +100,14 @@ def ladder(size, B, T, device, steps, warmup, skip):
         if name in skip:
             continue
         s.update(switch)
-        step = training_step(size, s, B, T, device)
-        dt, mem = time_steps(step, device, steps, warmup)
+        try:
+            step = training_step(size, s, B, T, device)
+            dt, mem = time_steps(step, device, steps, warmup)
+        except torch.cuda.OutOfMemoryError:  # early rungs need the most memory (fp32, a T x T matrix per head)
+            step = dt = mem = prev = None
+            lines.append(f"| {LABEL[name]} | out of memory at B={B} | | | | |")
+            print(lines[-1], flush=True)
+            continue
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
@@ -275,11 +281,12 @@ def main():
     lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, args.device, steps, warmup, skip)
     report += lines + [""]
     print()
-    extra = breakdown(last_step, args.device, last_dt, trace=args.trace) + [""]
-    del last_step  # frees the last rung's model before the largest-batch search
-    for line in extra:
-        print(line, flush=True)
-    report += extra
+    if last_step is not None:
+        extra = breakdown(last_step, args.device, last_dt, trace=args.trace) + [""]
+        del last_step  # frees the last rung's model before the largest-batch search
+        for line in extra:
+            print(line, flush=True)
+        report += extra
     extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
     extra += memory(size, last_s, B, T, args.device, last_mem)
     if cuda:

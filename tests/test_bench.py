@@ -87,3 +87,23 @@ def test_breakdown_follows_callers():
     ms = {part: float(v) for part, v in re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \|", "\n".join(lines), re.M)}
     assert ms["cross-entropy over the logits"] > 0
     assert ms["other (LayerNorm, GELU, adds, embedding, copies)"] < 0.02 * ms["cross-entropy over the logits"], ms
+
+
+def test_ladder_goes_on_after_out_of_memory(monkeypatch):
+    """A rung that runs out of GPU memory (fp32 with the T x T attention matrices, say) is reported as such
+    and the ladder continues, without a speed-up against the missing rung."""
+    import torch
+    import bench
+    real, calls = bench.time_steps, []
+
+    def first_runs_out(step, device, steps, warmup):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(step, device, steps, warmup)
+    monkeypatch.setattr(bench, "time_steps", first_runs_out)
+    size = dict(n_layer=1, n_head=2, n_embd=16, block_size=32)
+    lines, _, _, step, dt = bench.ladder(size, 2, 16, "cpu", 1, 0, {"bf16", "compile", "flash", "vocab", "fused"})
+    assert lines[2] == "| fp32, eager | out of memory at B=2 | | | | |"
+    assert lines[3].startswith("| + TF32 matmuls | ") and lines[3].endswith("|  |")  # no speed-up column
+    assert step is not None and dt > 0 and len(lines) == 4
