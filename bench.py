@@ -3,13 +3,16 @@
     python bench.py                      # CUDA: GPT-2 124M, B=16, T=1024; CPU: a small model (a smoke test)
     python bench.py --B 32 --out bench.md
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
+    python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +flash attention (SDPA
 instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is timed over full training
 steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and compiling) excluded, the
-GPU synchronised around each step, the median reported. Then: KV-cache generation vs full recomputation,
-model.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
-kernel (kernels.py) in GB/s against the memory bandwidth.
+GPU synchronised around each step, the median reported (a rung that runs out of memory says so). Then:
+where the last rung's step time goes (torch.profiler: cross-entropy, attention, optimizer, matmuls, the
+rest, idle), KV-cache generation vs full recomputation, model.py's memory estimate vs the measured peak, the
+largest micro-batch that fits, and the fused softmax kernel (kernels.py) in GB/s against the memory
+bandwidth, at two row lengths.
 """
 import argparse
 import contextlib
@@ -227,23 +230,29 @@ def largest_batch(size, s, T, start):
     return [f"largest micro-batch that fits (powers of two, eager, bf16, T={T}): B={best}"]
 
 
-def softmax_bandwidth(rows=4096, cols=50304):
-    """The three softmaxes on a (rows, cols) fp32 tensor, in GB/s counted as one read + one write."""
+def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
+    """The three softmaxes in GB/s (one read + one write of the fp32 tensor), on ~1 GB inputs so no cache
+    holds them: rows as long as an attention row at T=1024, and as long as a row of logits (50304), where one
+    program's row no longer fits in registers. The Triton result is checked against torch.softmax first."""
     import kernels
-    x = torch.randn(rows, cols, device="cuda")
-    bw = lookup(PEAK_BANDWIDTH, torch.cuda.get_device_name())
-    out = [f"softmax over {rows} x {cols} fp32 (GB/s = 2 x bytes / time; "
-           f"memory bandwidth {'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
-    for name, fn in (("naive PyTorch", kernels.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
-                     ("Triton fused", kernels.softmax)):
-        fn(x)
-        sync("cuda")
-        t0 = time.perf_counter()
-        for _ in range(20):
+    bw = lookup(PEAK_BANDWIDTH, torch.cuda.get_device_name()) if device == "cuda" else None
+    out = [f"softmax, fp32 (GB/s = 2 x bytes / time; memory bandwidth "
+           f"{'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
+    for rows, cols in shapes:
+        x = torch.randn(rows, cols, device=device)
+        err = (kernels.softmax(x) - torch.softmax(x, -1)).abs().max().item()
+        out.append(f"  {rows} x {cols} (Triton vs torch.softmax: max |difference| {err:.1e})")
+        for name, fn in (("naive PyTorch", kernels.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
+                         ("Triton fused", kernels.softmax)):
             fn(x)
-        sync("cuda")
-        gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / 20) / 1e9
-        out.append(f"  {name}: {gbs:,.0f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn(x)
+            sync(device)
+            gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / reps) / 1e9
+            out.append(f"    {name}: {gbs:,.1f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
+        del x
     return out
 
 
@@ -291,7 +300,7 @@ def main():
     extra += memory(size, last_s, B, T, args.device, last_mem)
     if cuda:
         extra += largest_batch(size, last_s, T, B)
-        extra += softmax_bandwidth()
+        extra += softmax_bandwidth(args.device)
     else:
         extra += ["largest micro-batch and softmax kernel GB/s: CUDA only"]
     for line in extra:

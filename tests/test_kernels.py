@@ -38,3 +38,18 @@ def test_triton_softmax_matches_torch_in_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
+
+
+def test_bench_softmax_section_in_interpreter():
+    """bench.py's softmax section (CUDA-only in bench.py itself) runs and checks the kernel, here on CPU."""
+    code = "import bench; print('\\n'.join(bench.softmax_bandwidth('cpu', ((8, 100), (3, 1500)), reps=1)))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("softmax, fp32") and "memory bandwidth unknown" in lines[0]
+    for i, shape in ((1, "8 x 100"), (5, "3 x 1500")):
+        assert lines[i].startswith(f"  {shape} (Triton vs torch.softmax: max |difference| ")
+        assert float(lines[i].rsplit(" ", 1)[1].rstrip(")")) < 1e-6
+        assert [line.split(":")[0].strip() for line in lines[i + 1:i + 4]] == ["naive PyTorch", "torch.softmax",
+                                                                              "Triton fused"]
