@@ -125,7 +125,9 @@ PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the fir
     ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy"),
     ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
     ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
-    ("matmuls (linear layers, lm_head)", r"gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear"),
+    # Inductor's pointwise and reduction kernels are never matmuls: triton_poi_fused_addmm_gelu is a bias + GELU
+    ("matmuls (linear layers, lm_head)",
+     r"^(?!triton_(poi|per|red)_).*(gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear)"),
 ]
 OTHER = "other (LayerNorm, GELU, adds, embedding, copies)"
 

@@ -58,7 +58,8 @@ def test_breakdown_parts():
         "void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float const*)": opt,
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": mm,
         "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NNN": mm,
-        "triton_tem_fused_mm_0": mm,
+        "triton_tem_fused_mm_0": mm,  # a matmul template (max-autotune)
+        "triton_poi_fused_addmm_gelu_3": OTHER,  # the bias and GELU after a cuBLAS matmul, named after addmm
         "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>": OTHER,
         "triton_poi_fused_add_gelu_native_layer_norm_7": OTHER,
         "void at::native::embedding_backward_feature_kernel<float, float, long>": OTHER,
