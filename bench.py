@@ -212,7 +212,10 @@ def memory(size, s, B, T, device, compiled_peak):
     line = f"memory at B={B}, T={T}: model.py estimate {fmt_bytes(est['total'])} ({parts}); measured peak "
     if device != "cuda":
         return [line + "n/a (CUDA only)"]
-    _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, device), device, 1, 1)
+    try:
+        _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, device), device, 1, 1)
+    except torch.cuda.OutOfMemoryError:  # compile can save memory: the compiled rung may fit where eager does not
+        return [line + f"of an eager step: out of memory at B={B}"]
     line += f"of an eager step {fmt_bytes(eager)} (estimate / measured = {est['total'] / eager:.2f})"
     return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if s["compile"] else "")]
 
