@@ -56,7 +56,8 @@ def test_breakdown_parts():
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
         "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>": opt,
         "void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float const*)": opt,
-        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": mm,
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+        "execute_segment_k_off_kernel__5x_cublas": mm,
         "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NNN": mm,
         "triton_tem_fused_mm_0": mm,  # a matmul template (max-autotune)
         "triton_poi_fused_addmm_gelu_3": OTHER,  # the bias and GELU after a cuBLAS matmul, named after addmm

@@ -19,9 +19,10 @@ TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=
         "--compile=False"]
 
 
-# One thread per process: with several, MKL / OpenMP reductions are not bitwise reproducible from run to run
-# (seen: a loss differing in the 7th digit at step 7 of 8, once in many runs), resumed or not. Exact-resume
-# tests compare runs bit for bit, so every run here computes single-threaded.
+# One thread per process: with several, CPU runs are not always bitwise reproducible from run to run, resumed
+# or not (seen once in many runs: a loss differing in the 7th digit at step 7 of 8; the multi-threaded math
+# library is the suspect, not proven). Exact-resume tests compare runs bit for bit, so every run here is
+# single-threaded.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
