@@ -11,7 +11,7 @@ steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (an
 GPU synchronised around each step, the median reported (a rung that runs out of memory says so). Then:
 where the last rung's step time goes (torch.profiler: cross-entropy, attention, optimizer, matmuls, the
 rest, idle), KV-cache generation vs full recomputation, model.py's memory estimate vs the measured peak, the
-largest micro-batch that fits, and the fused softmax kernel (kernels.py) in GB/s against the memory
+largest micro-batch that fits, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory
 bandwidth, at two row lengths.
 """
 import argparse
@@ -239,16 +239,16 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     """The three softmaxes in GB/s (one read + one write of the fp32 tensor), on ~1 GB inputs so no cache
     holds them: rows as long as an attention row at T=1024, and as long as a row of logits (50304), where one
     program's row no longer fits in registers. The Triton result is checked against torch.softmax first."""
-    import kernels
+    import fused_softmax
     bw = lookup(PEAK_BANDWIDTH, torch.cuda.get_device_name()) if device == "cuda" else None
     out = [f"softmax, fp32 (GB/s = 2 x bytes / time; memory bandwidth "
            f"{'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
     for rows, cols in shapes:
         x = torch.randn(rows, cols, device=device)
-        err = (kernels.softmax(x) - torch.softmax(x, -1)).abs().max().item()
+        err = (fused_softmax.softmax(x) - torch.softmax(x, -1)).abs().max().item()
         out.append(f"  {rows} x {cols} (Triton vs torch.softmax: max |difference| {err:.1e})")
-        for name, fn in (("naive PyTorch", kernels.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
-                         ("Triton fused", kernels.softmax)):
+        for name, fn in (("naive PyTorch", fused_softmax.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
+                         ("Triton fused", fused_softmax.softmax)):
             fn(x)
             sync(device)
             t0 = time.perf_counter()

@@ -62,14 +62,16 @@ def read_header(path):
                          f"re-create the shards with `python fineweb.py`")
     header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
     if header.size < HEADER_INTS or header[0] != MAGIC:
-        raise ValueError(f"{path} is not a token shard (bad magic number): re-create it with `python fineweb.py`")
+        raise ValueError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that made "
+                         f"it, which writes damaged shards again")
     if header[1] != VERSION:
         raise ValueError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
                          f"re-create it with `python fineweb.py`")
     expected = HEADER_BYTES + 2 * int(header[2])
     if size != expected:
         raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} uint16 "
-                         f"tokens): the file is truncated or not uint16; delete it and re-run `python fineweb.py`")
+                         f"tokens): it is truncated or not uint16; rerun the fineweb.py command that made it, which writes "
+                         f"damaged shards again")
     return header
 
 
@@ -105,13 +107,16 @@ def tokenize_text_file(path):
 class DataLoaderLite:
     """Batches of (x, y) int64 (B, T), y = x shifted by one token, for one rank of num_processes.
 
-    Each shard is cut into rows of T+1 tokens that overlap by one ([j*T, j*T + T + 1)); a step takes
-    B * num_processes rows and rank r gets rows r*B .. r*B + B - 1 of them, so within an epoch no row is
-    served twice across ranks and steps. The rows that do not fill a whole step (the shard's tail, less
-    than B*T*num_processes tokens) are skipped. Every rank moves to the next shard, and wraps to the next
-    epoch, at the same step. Without shuffle a rank's batch is one contiguous slice of the shard; with
-    shuffle the shard order and the row order inside each shard are permuted, seeded by (seed, epoch), the
-    same on every rank and different every epoch.
+    Each shard is cut into rows of T+1 tokens that overlap by one ([j*T, j*T + T + 1)). A step takes the next
+    B * num_processes rows of the shard's row order and rank r gets rows r*B .. r*B + B - 1 of them, so within
+    an epoch no row is served twice across ranks and steps. The rows that do not fill a whole step (fewer than
+    B * num_processes at the end of the shard) are skipped. Every rank moves to the next shard, and wraps to
+    the next epoch, at the same step. Without shuffle the row order is the shard's order, so a rank's batch is
+    one contiguous slice; with shuffle the shard order and the row order inside each shard are permuted,
+    seeded by (seed, epoch), the same on every rank and different every epoch.
+
+    The position (epoch, shard, next row) is the same on every rank and does not depend on B or the number
+    of processes: state_dict() / load_state_dict() resume exactly, also with another B or process count.
 
     data_root is a directory of shards (*_{split}_*.bin) or a text file (e.g. input.txt), which is
     tokenized in memory and split 90/10 into train / val.
@@ -130,16 +135,15 @@ class DataLoaderLite:
         self.shuffle, self.seed = shuffle, seed
         self.shards = self._open(data_root, split)  # list of (name, uint16 array)
         rows_per_step = B * num_processes
-        self.steps_per_shard = []
-        for name, tokens in self.shards:
-            steps = (len(tokens) - 1) // T // rows_per_step
-            if steps == 0:
+        self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
+        for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
+            if rows < rows_per_step:
                 raise ValueError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
                                  f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = {B * T * num_processes + 1:,}): "
                                  f"lower B or T, or make larger shards (fineweb.py --shard_size)")
-            self.steps_per_shard.append(steps)
         self.tokens_total = sum(len(t) for _, t in self.shards)
-        self.tokens_per_epoch = sum(self.steps_per_shard) * rows_per_step * T  # input tokens served per epoch
+        # input tokens served per epoch
+        self.tokens_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard) * rows_per_step * T
         self.reset()
 
     @staticmethod
@@ -160,23 +164,27 @@ class DataLoaderLite:
     # -------------------------------------------------------------------------------------------- position
 
     def reset(self):
-        self.epoch, self.shard, self.step = 0, 0, 0
+        self.epoch, self.shard, self.row = 0, 0, 0
         self._plan()
 
     def state_dict(self):
-        return {"epoch": self.epoch, "shard": self.shard, "step": self.step, "B": self.B, "T": self.T,
-                "num_processes": self.world, "split": self.split, "shuffle": self.shuffle, "seed": self.seed,
-                "shards": [os.path.basename(name) for name, _ in self.shards]}
+        return {"epoch": self.epoch, "shard": self.shard, "row": self.row, "T": self.T, "split": self.split,
+                "shuffle": self.shuffle, "seed": self.seed, "shards": [os.path.basename(name) for name, _ in self.shards]}
 
     def load_state_dict(self, state):
+        if "row" not in state:  # written before positions were counted in rows: (step, B, num_processes)
+            if state["shuffle"]:
+                raise ValueError("the saved loader state is from an older version with shuffle=True, whose row "
+                                 "order this version does not reproduce: resume with that version or start afresh")
+            state = {**state, "row": state["step"] * state["B"] * state["num_processes"]}
         mine = self.state_dict()
-        for key in ("B", "T", "num_processes", "split", "shuffle", "seed", "shards"):
+        for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
                 raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this loader "
-                                 f"has {key}={mine[key]!r}; an exact resume needs the same data, batch shape and "
-                                 f"world size")
-        self.epoch, self.shard, self.step = state["epoch"], state["shard"], state["step"]
+                                 f"has {key}={mine[key]!r}; an exact resume needs the same data and sequence length")
+        self.epoch, self.shard, self.row = state["epoch"], state["shard"], state["row"]
         self._plan()
+        self._advance()  # with a larger B * num_processes than before, the shard's rest may not fill a step
 
     def _plan(self):
         """The shard order of this epoch and the row order inside the current shard."""
@@ -184,9 +192,17 @@ class DataLoaderLite:
         rng = np.random.default_rng([self.seed, self.epoch])
         self.order = rng.permutation(n) if self.shuffle else np.arange(n)
         self.current = k = int(self.order[self.shard])  # index into self.shards
-        rows = self.steps_per_shard[k] * self.B * self.world  # the rows this epoch serves; the tail is skipped
+        rows = self.rows_per_shard[k]
         self.rows = (np.random.default_rng([self.seed, self.epoch, k]).permutation(rows) if self.shuffle
                      else np.arange(rows))
+
+    def _advance(self):
+        """Move to the next shard (and epoch) when the current one has fewer rows left than a step takes."""
+        if self.row + self.B * self.world > len(self.rows):  # the same decision on every rank
+            self.row, self.shard = 0, self.shard + 1
+            if self.shard == len(self.shards):
+                self.shard, self.epoch = 0, self.epoch + 1
+            self._plan()
 
     # -------------------------------------------------------------------------------------------- batches
 
@@ -194,14 +210,10 @@ class DataLoaderLite:
         import torch  # here, not at the top: fineweb.py uses this module's shard I/O and needs no torch (~2 s)
         B, T = self.B, self.T
         tokens = self.shards[self.current][1]
-        first = (self.step * self.world + self.rank) * B
+        first = self.row + self.rank * B
         buf = np.stack([tokens[j * T: j * T + T + 1] for j in self.rows[first:first + B]]).astype(np.int64)
         x = torch.from_numpy(buf[:, :-1].copy())  # (B, T) inputs
         y = torch.from_numpy(buf[:, 1:].copy())  # (B, T) targets: the next token
-        self.step += 1
-        if self.step == self.steps_per_shard[self.current]:  # same step on every rank
-            self.step, self.shard = 0, self.shard + 1
-            if self.shard == len(self.shards):
-                self.shard, self.epoch = 0, self.epoch + 1
-            self._plan()
+        self.row += B * self.world
+        self._advance()
         return x, y

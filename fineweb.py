@@ -59,8 +59,16 @@ def iter_documents(input_path, text_field):
     """The documents' texts in order: local files (offline) or, without input_path, FineWeb-Edu streamed
     from the Hugging Face Hub (no 28 GB download to disk first)."""
     if input_path is None:
-        from datasets import load_dataset
-        ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
+        try:
+            from datasets import load_dataset
+            from huggingface_hub.utils import logging
+            logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
+            ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
+        except Exception as e:  # offline, no datasets package, Hub outage: the same way out
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub ({reason}); "
+                          f"offline, --input takes local data: .jsonl/.parquet/.txt files, a folder of them, or a "
+                          f"datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
     if not os.path.exists(input_path):
         raise FileNotFoundError(f"--input {input_path} does not exist")
@@ -137,13 +145,23 @@ def shard_name(out_dir, prefix, index):
 
 
 def complete_shards(out_dir, prefix, fingerprint):
-    """Headers of the complete shards 0, 1, ... already in out_dir; removes leftovers of an interrupted run."""
+    """Headers of the complete shards 0, 1, ... already in out_dir. Removes leftovers of an interrupted run, and
+    a damaged shard (wrong header or size) with every shard after it: they are written again, identically."""
     for tmp in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin.tmp")):
         os.remove(tmp)
     headers = []
     while os.path.exists(shard_name(out_dir, prefix, len(headers))):
         path = shard_name(out_dir, prefix, len(headers))
-        header = read_header(path)
+        try:
+            header = read_header(path)
+        except ValueError:
+            later = [p for p in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
+                     if int(p[-10:-4]) >= len(headers)]  # {prefix}_{split}_{index:06d}.bin
+            print(f"fineweb: {path} is damaged (wrong header or size): writing it and the {len(later) - 1} shards "
+                  f"after it again")
+            for p in later:
+                os.remove(p)
+            break
         if header[6] != fingerprint:
             raise ValueError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
                              f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
@@ -151,12 +169,37 @@ def complete_shards(out_dir, prefix, fingerprint):
     return headers
 
 
+def make_out_dir(out_dir):
+    """Create out_dir (or take the existing one) and prove it writable, before any tokenizing."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
+    probe = os.path.join(out_dir, f".fineweb_write_test_{os.getpid()}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise OSError(f"--out_dir {out_dir} cannot be created or written ({e.strerror}): choose another "
+                      f"--out_dir") from None
+
+
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     if shard_size < 1:
         raise ValueError(f"--shard_size={shard_size} must be positive")
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
-    os.makedirs(out_dir, exist_ok=True)
+    docs = iter_documents(input_path, text_field)  # a missing input or no network fails here, before out_dir
+    created = not os.path.exists(out_dir)
+    try:
+        make_out_dir(out_dir)
+        write_shards(docs, out_dir, prefix, fingerprint, shard_size, workers, input_path or source)
+    finally:  # bad input: no empty out_dir left behind
+        if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
+            os.rmdir(out_dir)
+
+
+def write_shards(docs, out_dir, prefix, fingerprint, shard_size, workers, source):
     done = complete_shards(out_dir, prefix, fingerprint)
     if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
         print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
@@ -164,7 +207,6 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     # resume at the stream position recorded in the last complete shard: skip (not tokenize) what it covers
     next_doc = int(done[-1][4:6].view(np.int64)[0]) if done else 0
     skip_tokens = int(done[-1][3]) if done else 0
-    docs = iter_documents(input_path, text_field)
     for _ in range(next_doc):
         next(docs, None)
     if done:
@@ -192,7 +234,7 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
         bar.update(len(tokens))
     bar.close()
     if index == 0 and fill == 0:
-        raise ValueError(f"the corpus {input_path or source} is empty: no documents to tokenize")
+        raise ValueError(f"the corpus {source} is empty: no documents to tokenize")
     if fill:  # the last, short shard
         write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprint)
         index += 1
@@ -211,4 +253,7 @@ if __name__ == "__main__":
     parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
     args = parser.parse_args()
-    main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
+    try:  # expected mistakes (a missing or bad input, an unusable out_dir, no network) end in one line
+        main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None

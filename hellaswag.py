@@ -1,8 +1,8 @@
 """HellaSwag evaluation (validation split, 10,042 four-way sentence completions), batched and DDP-aware.
 
     python hellaswag.py --model gpt2                      # OpenAI GPT-2 124M (needs internet once)
-    python hellaswag.py --model log/model_19072.pt --data hellaswag_val.jsonl --limit 1000
-    torchrun --nproc_per_node=8 hellaswag.py --model log/model_19072.pt
+    python hellaswag.py --model log/model_019073.pt --data hellaswag_val.jsonl --limit 1000
+    torchrun --nproc_per_node=8 hellaswag.py --model log/model_019073.pt
 
 The method of the GPT-2 reproductions (OpenAI GPT-2 124M: acc_norm 0.2955; GPT-3 124M: 0.337): context
 tokens = GPT-2 tokens of `ctx`, each ending = tokens of " " + ending; an ending's score is the cross-entropy
@@ -55,9 +55,10 @@ def download(cache_dir):
             try:
                 from datasets import load_dataset
                 ds = load_dataset("Rowan/hellaswag", split="validation")
-            except Exception as e:
-                raise RuntimeError(f"could not download HellaSwag ({e}). Offline, pass a local copy of "
-                                   f"hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from e
+            except Exception as e:  # offline, no datasets package, Hub outage: the same way out
+                reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                raise OSError(f"could not download HellaSwag ({reason}); offline, pass a local copy of "
+                              f"hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
                     f.write(json.dumps(normalize(row, f"Rowan/hellaswag validation row {i}")) + "\n")
@@ -194,8 +195,11 @@ def main():
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    examples = load_examples(args.data, args.limit)
-    model = load_model(args.model).to(device).eval()
+    try:  # expected mistakes (a missing or damaged file, no network) end in one line
+        examples = load_examples(args.data, args.limit)
+        model = load_model(args.model).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
 

@@ -5,6 +5,7 @@ Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_att
 that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
 """
 import contextlib
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -15,8 +16,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from checkpoint import load_checkpoint
+
 GPT2_VOCAB = 50257  # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+PRETRAINED = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}  # Hub ids
 
 
 @dataclass
@@ -233,57 +236,68 @@ class GPT(nn.Module):
         return idx
 
     # ----------------------------------------------------------------------------------------------------
-    # Hugging Face GPT-2 import / export (transformers is imported only here)
+    # Hugging Face GPT-2 import / export: config.json + model.safetensors, read and written without transformers
 
     _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
     @classmethod
     def from_pretrained(cls, name_or_dir):
-        """OpenAI's GPT-2 weights by name (downloads through transformers) or a local directory in HF GPT-2
-        format (offline): anything GPT2LMHeadModel.from_pretrained reads, e.g. what save_pretrained wrote."""
-        if not os.path.isdir(name_or_dir) and name_or_dir not in PRETRAINED:
-            raise ValueError(f"unknown model {name_or_dir!r}: use one of {', '.join(PRETRAINED)} "
-                             f"or a local directory holding an HF GPT-2 model (config.json + weights)")
-        from transformers import GPT2LMHeadModel
-        try:
-            hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
-        except OSError as e:
-            raise OSError(f"could not load GPT-2 weights from {name_or_dir!r}: {e}\nWithout internet, pass a "
-                          f"local directory in HF GPT-2 format instead of a model name.") from e
-        c = hf.config
-        unsupported = {"activation_function": (c.activation_function, "gelu_new"), "n_inner": (c.n_inner, None),
-                       "layer_norm_epsilon": (c.layer_norm_epsilon, 1e-5),
-                       "scale_attn_by_inverse_layer_idx": (c.scale_attn_by_inverse_layer_idx, False),
-                       "reorder_and_upcast_attn": (c.reorder_and_upcast_attn, False)}
-        for key, (got, want) in unsupported.items():
-            if got != want and not (key == "n_inner" and got == 4 * c.n_embd):
-                raise ValueError(f"{name_or_dir}: config.json has {key}={got!r}; this GPT-2 implementation "
-                                 f"supports only {want!r}")
-        model = cls(GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
-                              n_head=c.n_head, n_embd=c.n_embd))
-        sd = {k: (v.t() if k.endswith(cls._CONV1D) else v) for k, v in hf.state_dict().items()
-              if not k.endswith((".attn.bias", ".attn.masked_bias"))}  # causal-mask buffers of older versions
+        """OpenAI's GPT-2 weights by name (downloaded once from the Hugging Face Hub into its cache) or a local
+        folder in HF GPT-2 format: config.json + model.safetensors (or pytorch_model.bin), e.g. what
+        save_pretrained or transformers wrote."""
+        folder = name_or_dir if os.path.isdir(name_or_dir) else download_gpt2(name_or_dir)
+        c = read_json(os.path.join(folder, "config.json"))
+        want = {"model_type": "gpt2", "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+                "tie_word_embeddings": True}
+        for key, value in want.items():
+            if c.get(key, value) != value:
+                raise ValueError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation supports "
+                                 f"only {value!r}")
+        if c.get("n_inner") not in (None, 4 * c["n_embd"]):
+            raise ValueError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x n_embd wide")
+        model = cls(GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                              n_head=c["n_head"], n_embd=c["n_embd"]))
+        sd = {}
+        for k, v in read_hf_weights(folder).items():
+            k = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k  # OpenAI's files: no prefix
+            if not k.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers of older versions
+                sd[k] = (v.t() if k.endswith(cls._CONV1D) else v).float()
+        sd.setdefault("lm_head.weight", sd.get("transformer.wte.weight"))  # tied: stored once
+        mine = model.state_dict()
+        missing, extra = sorted(set(mine) - set(sd)), sorted(set(sd) - set(mine))
+        bad = [k for k in mine if k in sd and sd[k] is not None and sd[k].shape != mine[k].shape]
+        if missing or extra or bad:
+            raise ValueError(f"{folder}: weights do not match its config.json as GPT-2 (missing {missing[:3]}, "
+                             f"unexpected {extra[:3]}, wrong shape {bad[:3]})")
         model.load_state_dict(sd)
         return model
 
     def save_pretrained(self, out_dir):
-        """Write out_dir in HF GPT-2 format: transformers.GPT2LMHeadModel.from_pretrained(out_dir) gives the
-        same logits (the padded vocab rows beyond 50257 are dropped)."""
+        """Write out_dir in HF GPT-2 format (config.json + model.safetensors): GPT.from_pretrained(out_dir) and
+        transformers' GPT2LMHeadModel.from_pretrained(out_dir) give the same logits. The padded vocab rows
+        beyond 50257 are dropped; lm_head is tied to wte, so it is stored once."""
+        from safetensors.torch import save_file
         c = self.config
         if c.n_kv_head != c.n_head:
             raise ValueError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
                              f"multi-query / grouped-query attention, so this model cannot be saved in its format")
-        from transformers import GPT2Config, GPT2LMHeadModel
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
-        hf = GPT2LMHeadModel(GPT2Config(
-            vocab_size=vocab, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            bos_token_id=eot, eos_token_id=eot))
-        sd = {k: (v.t() if k.endswith(self._CONV1D) else v[:vocab] if k.endswith(("wte.weight", "lm_head.weight")) else v)
-              for k, v in self.state_dict().items()}
-        hf.load_state_dict(sd)
-        hf.save_pretrained(out_dir)
+        config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
+                  "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head,
+                  "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                  "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
+                  "scale_attn_weights": True, "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot}
+        sd = {k: (v.t() if k.endswith(self._CONV1D) else v[:vocab] if k.endswith("wte.weight") else v)
+              for k, v in self.state_dict().items() if k != "lm_head.weight"}
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "model.safetensors")
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in sd.items()}, path + ".tmp",
+                  metadata={"format": "pt"})
+        os.replace(path + ".tmp", path)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
 
     # ----------------------------------------------------------------------------------------------------
     # accounting
@@ -302,15 +316,61 @@ def autocast(device):
     return contextlib.nullcontext()
 
 
+def download_gpt2(name):
+    """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face Hub's
+    cache, downloading what is missing (huggingface_hub comes with datasets)."""
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF GPT-2 "
+                         f"format (config.json + model.safetensors) or a train_gpt2.py checkpoint (.pt)")
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import logging
+    except ImportError:
+        raise OSError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a local "
+                      f"folder in HF GPT-2 format (config.json + model.safetensors)") from None
+    logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
+    try:
+        for file in ("config.json", "model.safetensors"):
+            path = hf_hub_download(PRETRAINED[name], file)
+    except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face Hub "
+                      f"({reason}); without internet, pass a local folder in HF GPT-2 format (config.json + "
+                      f"model.safetensors) instead") from None
+    return os.path.dirname(path)
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist: an HF GPT-2 folder holds config.json and "
+                                f"model.safetensors") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is damaged or not JSON ({e})") from None
+
+
+def read_hf_weights(folder):
+    """The state dict in an HF folder: model.safetensors, or pytorch_model.bin as older uploads have it."""
+    st, pt = os.path.join(folder, "model.safetensors"), os.path.join(folder, "pytorch_model.bin")
+    try:
+        if os.path.exists(st):
+            from safetensors.torch import load_file
+            return load_file(st)
+        if os.path.exists(pt):
+            return torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors' and torch's errors for truncated or altered files
+        raise ValueError(f"{st if os.path.exists(st) else pt} is damaged ({str(e)[:160]}): download or save "
+                         f"it again") from None
+    raise FileNotFoundError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+
+
 def load_model(spec):
-    """A GPT from a train_gpt2.py checkpoint (a .pt file: {"model": state_dict, "model_config": GPTConfig
-    fields, ...}), an HF GPT-2 folder, or an OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
+    """A GPT from a train_gpt2.py checkpoint (.pt, verified against its checksum), an HF GPT-2 folder, or an
+    OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
     if spec.endswith(".pt"):
-        if not os.path.isfile(spec):
-            raise FileNotFoundError(f"checkpoint {spec} does not exist")
-        ckpt = torch.load(spec, map_location="cpu", weights_only=True)
-        if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-            raise ValueError(f"{spec} is not a train_gpt2.py checkpoint (no 'model' / 'model_config' entries)")
+        ckpt = load_checkpoint(spec)
         model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model

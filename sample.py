@@ -48,10 +48,10 @@ def main():
                 prompt = f.read()
         except FileNotFoundError:
             parser.error(f"prompt file {prompt[5:]} does not exist")
-    try:
+    try:  # expected mistakes (a missing or damaged file, no network) end in one line
         model = load_model(args.model)
     except (OSError, ValueError) as e:
-        parser.error(str(e))
+        raise SystemExit(f"error: {e}") from None
     model.to(args.device).eval()
     texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
                           args.top_k or None, args.seed, args.device)

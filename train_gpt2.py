@@ -11,7 +11,6 @@ on input.txt and says so. A rerun with the same log_dir continues from its lates
 import contextlib
 import dataclasses
 import difflib
-import glob
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from checkpoint import CheckpointError, checkpoints, newest_valid, save_checkpoint
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPTConfig, autocast, mfu, peak_flops, training_memory
@@ -138,9 +138,56 @@ def git_commit():
         return None
 
 
-def checkpoints(log_dir):
-    """Complete checkpoints, oldest first (a checkpoint is written as .tmp and renamed when whole)."""
-    return sorted(glob.glob(os.path.join(log_dir, "model_*.pt")))
+# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, and the
+# data stream (B and the number of processes may change: the loader continues at the same row).
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")
+STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+
+
+def resume_settings(saved, cfg, overrides, saved_world, world_size, log_dir):
+    """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of
+    model shape or data stream ends here with one message listing every difference and the two ways out;
+    other changes are applied and noted."""
+    fixed = [k for k in SHAPE + STREAM if saved.get(k, cfg[k]) != cfg[k]]
+    if fixed:
+        raise SystemExit(f"error: the run in {log_dir} has " + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
+                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a new "
+                         f"one with --log_dir=NEW")
+    cfg, notes = dict(cfg), []
+    rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
+    if rows != saved_rows and "val_steps" not in overrides and saved["val_steps"] * saved_rows % rows == 0:
+        cfg["val_steps"] = saved["val_steps"] * saved_rows // rows  # validate on the same rows as before
+    for k in cfg:
+        if k not in ("init_from",) and k in saved and saved[k] != cfg[k]:
+            notes.append(f"{k} changed since the checkpoint: {saved[k]!r} -> {cfg[k]!r}")
+    if saved_world != world_size:
+        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
+    return cfg, notes
+
+
+def truncate_log(path, step):
+    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
+    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
+    if not os.path.exists(path):
+        return 0
+    keep, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if record.get("step", 0) > step:
+                dropped += 1
+            else:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+    return dropped
 
 
 def main(argv):
@@ -186,40 +233,74 @@ def main(argv):
                          f"{B}*{T}*{world_size} = {tokens_per_micro_step}: change B, T or total_batch_size")
     grad_accum_steps = cfg["total_batch_size"] // tokens_per_micro_step
     os.makedirs(cfg["log_dir"], exist_ok=True)
+    metrics_path = os.path.join(cfg["log_dir"], "metrics.jsonl")
+
+    # ---------------------------------------------------------------------------------------------- resume
     existing = checkpoints(cfg["log_dir"])
-    if ddp:  # every rank must start from the same checkpoint: on several nodes log_dir must be shared
-        seen = [None] * world_size
-        dist.all_gather_object(seen, existing[-1:])
-        if any(s != seen[0] for s in seen):
-            raise SystemExit(f"error: the ranks see different checkpoints in {cfg['log_dir']} ({seen[0]} on rank 0): "
-                             f"on several nodes log_dir must be on a filesystem they all share")
     if cfg["init_from"] == "scratch" and existing:
         if "init_from" in overrides:
             raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
                              f"continues it, or choose another --log_dir")
-        print0(f"NOTE: resuming from {existing[-1]} (found in log_dir; --log_dir=NEW starts afresh)")
         cfg["init_from"] = "resume"
-    if cfg["init_from"] == "resume" and not existing:
-        raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
+    ckpt, ckpt_path = None, None
+    if cfg["init_from"] == "resume":
+        if not existing:
+            raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
+        try:
+            ckpt_path, ckpt = newest_valid(cfg["log_dir"], print0)
+        except CheckpointError as e:
+            raise SystemExit(f"error: {e}") from None
+        if ddp:  # every rank must start from the same checkpoint: on several nodes log_dir must be shared
+            seen = [None] * world_size
+            dist.all_gather_object(seen, ckpt_path)
+            if any(s != seen[0] for s in seen):
+                raise SystemExit(f"error: the ranks resume from different checkpoints ({seen}): on several nodes "
+                                 f"log_dir must be on a filesystem they all share")
+        saved_world = ckpt.get("world_size", len(ckpt["dataloader"]) if isinstance(ckpt["dataloader"], list) else 1)
+        cfg, changes = resume_settings(ckpt["config"], cfg, overrides, saved_world, world_size, cfg["log_dir"])
+        if ckpt["step"] >= cfg["max_steps"]:
+            print0(f"the run in {cfg['log_dir']} is already finished at step {ckpt['step']} (max_steps="
+                   f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+            if ddp:
+                dist.destroy_process_group()
+            return
+        print0(f"resuming from {ckpt_path} (step {ckpt['step']}; --log_dir=NEW starts afresh)")
+        if ckpt["checksum"] is None:
+            print0(f"NOTE: {ckpt_path} was written before checkpoints carried a checksum: loaded unverified")
+        for c in changes:
+            print0(f"NOTE: {c}")
+        if master:
+            dropped = truncate_log(metrics_path, ckpt["step"])
+            if dropped:
+                print0(f"NOTE: dropped {dropped} records after step {ckpt['step']} from {metrics_path} (the "
+                       f"interrupted attempt's, redone now)")
 
     # ---------------------------------------------------------------------------------------------- model
     torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-    ckpt = None
-    if cfg["init_from"] == "resume":
-        ckpt = torch.load(existing[-1], map_location="cpu", weights_only=True)
-        model_config = GPTConfig(**{**ckpt["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
-        raw_model = GPT(model_config)
-        raw_model.load_state_dict(ckpt["model"])
-    elif cfg["init_from"] == "scratch":
-        model_config = GPTConfig(block_size=cfg["block_size"], vocab_size=cfg["vocab_size"], n_layer=cfg["n_layer"],
-                                 n_head=cfg["n_head"], n_kv_head=cfg["n_kv_head"], n_embd=cfg["n_embd"],
-                                 grad_checkpoint=cfg["grad_checkpoint"])
-        raw_model = GPT(model_config)
-    else:
-        raw_model = GPT.from_pretrained(cfg["init_from"])
-        model_config = raw_model.config
+    try:  # expected mistakes (a bad model name or shape, missing data) end in one line
+        if ckpt is not None:
+            model_config = GPTConfig(**{**ckpt["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
+            raw_model = GPT(model_config)
+            raw_model.load_state_dict(ckpt["model"])
+        elif cfg["init_from"] == "scratch":
+            model_config = GPTConfig(block_size=cfg["block_size"], vocab_size=cfg["vocab_size"],
+                                     n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_kv_head=cfg["n_kv_head"],
+                                     n_embd=cfg["n_embd"], grad_checkpoint=cfg["grad_checkpoint"])
+            raw_model = GPT(model_config)
+        else:
+            raw_model = GPT.from_pretrained(cfg["init_from"])
+            model_config = raw_model.config
+        train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
+        val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
+        if ckpt is not None:
+            train_loader.load_state_dict(ckpt["dataloader"][0] if isinstance(ckpt["dataloader"], list)
+                                         else ckpt["dataloader"])
+        examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
+        enc = get_encoding()
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
     raw_model.to(dev)
     # DDP goes inside torch.compile (PyTorch's advice): compile then splits the graph at DDP's gradient buckets,
     # so each bucket's all-reduce overlaps the rest of the backward pass instead of all of them following it
@@ -229,30 +310,19 @@ def main(argv):
     optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
 
-    # ---------------------------------------------------------------------------------------------- data
-    train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
-    val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
-    examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
-    enc = get_encoding()
-
     step = 0
     if ckpt is not None:
-        if len(ckpt["dataloader"]) != world_size:
-            raise SystemExit(f"error: {existing[-1]} was written by {len(ckpt['dataloader'])} processes; an exact "
-                             f"resume needs the same number (torchrun --nproc_per_node)")
+        decay = [group["weight_decay"] for group in optimizer.param_groups]
         optimizer.load_state_dict(ckpt["optimizer"])
-        train_loader.load_state_dict(ckpt["dataloader"][rank])
+        for group, wd in zip(optimizer.param_groups, decay):  # the saved groups bring the old weight decay
+            group["weight_decay"] = wd
         torch.set_rng_state(ckpt["rng"]["cpu"])
         if use_cuda and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         step = ckpt["step"]
-        changed = {k: (v, cfg[k]) for k, v in ckpt["config"].items() if k != "init_from" and cfg.get(k) != v}
-        print0(f"resumed at step {step} from {existing[-1]}" +
-               "".join(f"\nNOTE: {k} changed since the checkpoint: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        del ckpt  # its tensors are copied into the model and optimizer
 
     # ---------------------------------------------------------------------------------------------- logging
-    metrics_path = os.path.join(cfg["log_dir"], "metrics.jsonl")
-
     def log(record):
         if master:
             with open(metrics_path, "a") as f:  # appended: a resumed run continues the same log
@@ -269,30 +339,26 @@ def main(argv):
          "world_size": world_size, "fallbacks": fallbacks, "git_commit": git_commit(), "time": time.time()})
 
     # ---------------------------------------------------------------------------------------------- faults
-    stop_requested = [False]
+    stop_signal = [0]
 
-    def request_stop(signum, frame):  # finish the current step, checkpoint, exit
-        stop_requested[0] = True
+    def request_stop(signum, frame):  # finish the current step, checkpoint, exit with 128 + signum
+        stop_signal[0] = signum
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
 
-    def save_checkpoint():
-        states = [None] * world_size
-        if ddp:
-            dist.all_gather_object(states, train_loader.state_dict())
-        else:
-            states[0] = train_loader.state_dict()
-        if master:
+    def checkpoint():
+        if master:  # the loader's position is the same on every rank
             path = os.path.join(cfg["log_dir"], f"model_{step:06d}.pt")
-            torch.save({"model": raw_model.state_dict(), "model_config": dataclasses.asdict(model_config),
-                        "optimizer": optimizer.state_dict(), "step": step, "config": cfg, "dataloader": states,
-                        "rng": {"cpu": torch.get_rng_state(),
-                                "cuda": torch.cuda.get_rng_state(dev) if use_cuda else None}}, path + ".tmp")
-            os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous checkpoints intact
+            save_checkpoint({"model": raw_model.state_dict(), "model_config": dataclasses.asdict(model_config),
+                             "optimizer": optimizer.state_dict(), "step": step, "config": cfg,
+                             "world_size": world_size, "dataloader": train_loader.state_dict(),
+                             "rng": {"cpu": torch.get_rng_state(),
+                                     "cuda": torch.cuda.get_rng_state(dev) if use_cuda else None}}, path)
             for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
                 os.remove(old)
             print0(f"checkpoint: {path}")
+        return f"model_{step:06d}.pt (step {step})"
 
     def evaluate():
         model.eval()
@@ -327,6 +393,7 @@ def main(argv):
 
     # ---------------------------------------------------------------------------------------------- training loop
     model.train()
+    last_checkpoint, stop = (f"{os.path.basename(ckpt_path)} (step {step})" if ckpt_path else "none yet"), 0
     while step < cfg["max_steps"]:
         t0 = time.time()
         optimizer.zero_grad(set_to_none=True)
@@ -342,18 +409,18 @@ def main(argv):
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
                 loss_accum += loss.detach()
                 loss.backward()
-        stop = torch.tensor([float(stop_requested[0])], device=dev)
+        stop = torch.tensor([float(stop_signal[0])], device=dev)
         if ddp:
             dist.all_reduce(loss_accum)
             loss_accum /= world_size
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
-        loss_v, norm_v, stop = loss_accum.item(), norm.item(), stop.item()  # CPU-GPU sync point
+        loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
-            print0(f"error: non-finite loss {loss_v} or grad norm {norm_v} at step {step}: stopped "
-                   f"before the update. The latest checkpoint in {cfg['log_dir']} is intact; lower max_lr or check "
-                   f"the data, then rerun to resume from it")
-            log({"step": step, "event": "non-finite", "loss": loss_v, "grad_norm": norm_v})
+            print0(f"error: non-finite loss {loss_v} or gradient norm {norm_v} at step {step + 1}: stopped before "
+                   f"its update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then "
+                   f"rerun to resume from the newest checkpoint that verifies")
+            log({"step": step + 1, "event": "non-finite", "loss": loss_v, "grad_norm": norm_v})
             if ddp:
                 dist.destroy_process_group()
             sys.exit(1)
@@ -376,12 +443,14 @@ def main(argv):
         if step % cfg["eval_interval"] == 0 or last:
             evaluate()
         if step % cfg["checkpoint_interval"] == 0 or last or stop:
-            save_checkpoint()
+            last_checkpoint = checkpoint()
         if stop:
-            print0(f"stopped by signal after step {step}; rerun the same command to resume")
+            print0(f"stopped by signal {stop} after step {step}; rerun the same command to resume")
             break
     if ddp:
         dist.destroy_process_group()
+    if stop:  # a stop is not a finish: shell scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
+        sys.exit(128 + stop)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ def run_ranks(data_root, B, T, world, steps, **kw):
     out = []
     for _ in range(steps):
         out.append([l.next_batch() for l in loaders])
-        positions = {(l.epoch, l.shard, l.step) for l in loaders}
+        positions = {(l.epoch, l.shard, l.row) for l in loaders}
         assert len(positions) == 1  # every rank moves to the next shard / epoch at the same step
     return loaders, out
 
@@ -236,8 +236,8 @@ def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
     B, T = 2, 16
     root = toy_shards(tmp_path)
     loaders, _ = run_ranks(root, B, T, world, 0, shuffle=shuffle, seed=1)
-    steps = sum(loaders[0].steps_per_shard)
-    assert loaders[0].steps_per_shard == [(n - 1) // T // (B * world) for n in SIZES]
+    assert loaders[0].rows_per_shard == [(n - 1) // T for n in SIZES]
+    steps = sum(rows // (B * world) for rows in loaders[0].rows_per_shard)
     _, batches = run_ranks(root, B, T, world, 2 * steps, shuffle=shuffle, seed=1)
     epochs = [[], []]
     for i, step in enumerate(batches):
@@ -247,13 +247,15 @@ def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
             assert (y[:, :-1] == x[:, 1:]).all() and (y[:, -1] == x[:, -1] + 1).all()  # next token, same shard
             assert ((x[:, -1] - x[:, 0]) == T - 1).all()  # a window is contiguous in one shard
             epochs[i // steps] += x[:, 0].tolist()
+    per_shard = [(n - 1) // T // (B * world) * B * world for n in SIZES]  # the rows that fill whole steps
     for starts in epochs:
         assert len(starts) == len(set(starts))  # no window served twice, across ranks and steps
-        expected = {s * 10000 + j * T for s, n in enumerate(SIZES, 1)
-                    for j in range((n - 1) // T // (B * world) * B * world)}
-        assert set(starts) == expected  # and only the tail of each shard, short of one step, is skipped
-    used = loaders[0].tokens_per_epoch
-    assert used == len(expected) * T and loaders[0].tokens_total == sum(SIZES)
+        for s, (n, used) in enumerate(zip(SIZES, per_shard), 1):
+            mine = {x for x in starts if x // 10000 == s}
+            assert len(mine) == used and mine <= {s * 10000 + j * T for j in range((n - 1) // T)}
+            if not shuffle:  # only the tail of each shard, short of one step, is skipped
+                assert mine == {s * 10000 + j * T for j in range(used)}
+    assert loaders[0].tokens_per_epoch == sum(per_shard) * T and loaders[0].tokens_total == sum(SIZES)
     if shuffle:
         assert epochs[0] != epochs[1]  # reshuffled each epoch
     else:
@@ -288,6 +290,44 @@ def test_exact_resume(tmp_path):
             assert (a.next_batch()[0] == c.next_batch()[0]).all()
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_with_another_batch_size_or_world_size(tmp_path, shuffle):
+    """Saved at B=2 x 2 ranks, resumed at B=3 x 1 rank and B=1 x 2 ranks: the same rows follow, in order."""
+    root = toy_shards(tmp_path)
+
+    def stream(loaders, n):  # the window starts served, step by step, rank after rank
+        out = []
+        while len(out) < n:
+            out += [x for l in loaders for x in l.next_batch()[0][:, 0].tolist()]
+        return out[:n]
+
+    a = [DataLoaderLite(2, 16, r, 2, "train", root, shuffle=shuffle, seed=5) for r in range(2)]
+    stream(a, 7 * 4)  # 7 steps into the first shard
+    state = json.loads(json.dumps(a[0].state_dict()))
+    assert state == a[1].state_dict() and state["row"] == 28  # one position for every rank
+    n = (len(a[0].rows) - 28) // 12 * 12  # the rest of the shard, less a tail that is short of a step somewhere
+    expected = stream(a, n)
+    for B, world in ((3, 1), (1, 2)):
+        b = [DataLoaderLite(B, 16, r, world, "train", root, shuffle=shuffle, seed=5) for r in range(world)]
+        for l in b:
+            l.load_state_dict(state)
+        assert stream(b, n) == expected and n >= 120
+
+
+def test_old_loader_state_converts(tmp_path):
+    root = toy_shards(tmp_path)
+    a = DataLoaderLite(2, 16, 0, 2, "train", root)
+    for _ in range(5):
+        a.next_batch()
+    old = {"epoch": 0, "shard": 0, "step": 5, "B": 2, "T": 16, "num_processes": 2, "split": "train",
+           "shuffle": False, "seed": 0, "shards": a.state_dict()["shards"]}
+    b = DataLoaderLite(2, 16, 0, 2, "train", root)
+    b.load_state_dict(old)
+    assert (a.next_batch()[0] == b.next_batch()[0]).all()
+    with pytest.raises(ValueError, match="older version with shuffle=True"):
+        b.load_state_dict({**old, "shuffle": True})
+
+
 def test_text_file_root(tmp_path):
     text = (tmp_path / "play.txt")
     text.write_text(open(os.path.join(ROOT, "input.txt"), encoding="utf-8").read()[:20000], encoding="utf-8")
@@ -319,5 +359,5 @@ def test_loader_errors(tmp_path):
         DataLoaderLite(1, 8, data_root=root)
     os.remove(tmp_path / "toy" / "toy_train_000009.bin")
     state = DataLoaderLite(2, 8, 0, 2, data_root=root).state_dict()
-    with pytest.raises(ValueError, match="num_processes=2 but this loader has num_processes=1"):
-        DataLoaderLite(2, 8, 0, 1, data_root=root).load_state_dict(state)
+    with pytest.raises(ValueError, match="has T=8 but this loader has T=16"):
+        DataLoaderLite(2, 16, 0, 1, data_root=root).load_state_dict(state)

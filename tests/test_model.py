@@ -1,10 +1,17 @@
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
+import safetensors.torch
 import torch
 
 from model import (GPT, GPT2_VOCAB, GPTConfig, KVCache, count_params, flops_per_token, mfu, peak_flops,
                    training_memory)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny(**kw):
@@ -195,9 +202,75 @@ def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
         assert (back(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
 
+def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
+    """--model gpt2 fetches config.json + model.safetensors of openai-community/gpt2 through huggingface_hub.
+    OpenAI's files hold a GPT2Model: keys without the "transformer." prefix, causal-mask buffers, no lm_head;
+    older uploads have only pytorch_model.bin."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=300,
+                                                              n_positions=16)).eval()
+    hf.transformer.save_pretrained(tmp_path / "openai")  # the bare GPT2Model, as OpenAI's upload
+    sd = dict(safetensors.torch.load_file(tmp_path / "openai" / "model.safetensors"))
+    assert "wte.weight" in sd and not any(k.startswith(("transformer.", "lm_head")) for k in sd)
+    for i in range(2):  # the causal-mask buffers older transformers saved
+        sd[f"h.{i}.attn.bias"] = torch.ones(1, 1, 16, 16).tril()
+    safetensors.torch.save_file(sd, tmp_path / "openai" / "model.safetensors", metadata={"format": "pt"})
+    calls = []
+
+    def fake_download(repo, filename):
+        calls.append((repo, filename))
+        return str(tmp_path / "openai" / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    m = GPT.from_pretrained("gpt2").eval()
+    assert calls == [("openai-community/gpt2", "config.json"), ("openai-community/gpt2", "model.safetensors")]
+    x = torch.randint(0, 300, (2, 16))
+    with torch.no_grad():
+        assert (m(x)[0] - hf(x).logits).abs().max() <= 1e-4
+    os.makedirs(tmp_path / "bin")  # pytorch_model.bin only
+    torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    shutil.copy(tmp_path / "openai" / "config.json", tmp_path / "bin")
+    with torch.no_grad():
+        assert (GPT.from_pretrained(str(tmp_path / "bin")).eval()(x)[0] - hf(x).logits).abs().max() <= 1e-4
+
+
+def test_import_export_need_no_transformers(tmp_path):
+    """With transformers unimportable: save_pretrained, then from_pretrained of what it wrote, same logits."""
+    block = tmp_path / "block" / "transformers"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text("raise ImportError('transformers is blocked in this test')\n")
+    code = (f"import torch; from model import GPT, GPTConfig; torch.manual_seed(0)\n"
+            f"m = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()\n"
+            f"m.save_pretrained({str(tmp_path / 'out')!r}); b = GPT.from_pretrained({str(tmp_path / 'out')!r})\n"
+            f"x = torch.randint(0, 50257, (1, 16))\n"
+            f"assert torch.equal(m(x)[0][..., :50257], b.eval()(x)[0]) and b.config.vocab_size == 50257\n"
+            f"import sys; assert 'transformers' not in sys.modules; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "block")})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_offline_name_is_one_line(tmp_path):
+    """Offline, --model gpt2 ends in one line saying a local folder works instead, never a traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    r = subprocess.run([sys.executable, "sample.py", "--model", "gpt2", "--device", "cpu"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "could not download GPT-2 weights 'gpt2'" in r.stderr and "pass a local folder" in r.stderr
+
+
 def test_hf_errors(tmp_path):
     with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
         GPT.from_pretrained("gpt3")
+    with pytest.raises(FileNotFoundError, match="config.json does not exist"):
+        GPT.from_pretrained(str(tmp_path))
+    build(tiny()).save_pretrained(tmp_path / "ok")
+    path = tmp_path / "ok" / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="model.safetensors is damaged"):
+        GPT.from_pretrained(str(tmp_path / "ok"))
     with pytest.raises(ValueError, match="multi-query"):
         build(tiny(n_kv_head=1)).save_pretrained(tmp_path)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(

@@ -1,4 +1,4 @@
-"""kernels.softmax against torch.softmax, in Triton's interpreter on CPU (TRITON_INTERPRET=1)."""
+"""fused_softmax.softmax against torch.softmax, in Triton's interpreter on CPU (TRITON_INTERPRET=1)."""
 import os
 import subprocess
 import sys
@@ -9,24 +9,24 @@ pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECK = r"""
-import torch, kernels
+import torch, fused_softmax
 torch.manual_seed(0)
 cases = [torch.randn(1, 1), torch.randn(3, 7), torch.randn(17, 1000) * 30, torch.randn(2, 5000),
          torch.randn(4, 64)[:, :50],  # strided rows
          torch.tensor([[0.0, float("-inf"), 1.0], [float("-inf"), 2.0, float("-inf")]])]
 for x in cases:
     ref = torch.softmax(x.float(), dim=-1)
-    for name, fn in (("triton", kernels.softmax), ("naive", kernels.naive_softmax)):
+    for name, fn in (("triton", fused_softmax.softmax), ("naive", fused_softmax.naive_softmax)):
         y = fn(x)
         assert y.shape == x.shape and y.dtype == x.dtype, name
         assert torch.allclose(y, ref, atol=1e-6, rtol=1e-5), (name, tuple(x.shape), (y - ref).abs().max())
 x = torch.randn(5, 300).to(torch.bfloat16)
-y = kernels.softmax(x)
+y = fused_softmax.softmax(x)
 assert y.dtype == torch.bfloat16 and torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-2)
 for bad, match in ((torch.randn(2, 3, 4), "2-D"), (torch.randn(4, 3).t(), "contiguous rows"),
                    (torch.randn(1, 70000), "exceed 65536")):
     try:
-        kernels.softmax(bad)
+        fused_softmax.softmax(bad)
         raise AssertionError("no error for " + match)
     except ValueError as e:
         assert match in str(e), e

@@ -31,11 +31,11 @@ def _softmax_rows(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl.cons
 def softmax(x):
     """Softmax over the last dimension of a 2-D tensor (rows may be strided), computed in float32."""
     if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"kernels.softmax takes a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
+        raise ValueError(f"fused_softmax.softmax takes a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
                          f"strides {x.stride()}: use x.view(-1, x.size(-1)).contiguous()")
     n_rows, n_cols = x.shape
     if n_cols > MAX_ROW:
-        raise ValueError(f"kernels.softmax: rows of {n_cols} elements exceed {MAX_ROW}, what one program holds")
+        raise ValueError(f"fused_softmax.softmax: rows of {n_cols} elements exceed {MAX_ROW}, what one program holds")
     block = triton.next_power_of_2(n_cols)
     y = torch.empty_like(x)
     # more warps for longer rows, so each thread holds a handful of elements

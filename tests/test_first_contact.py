@@ -1,0 +1,87 @@
+"""What a newcomer runs first, run the way they run it: from the repo root, in a fresh process.
+
+The repo root is on sys.path when a user runs `python sample.py`, so a file here named like a package that a
+dependency imports (even optionally, as transformers does with `kernels`) replaces that package for it.
+"""
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPENDENCIES = ("torch", "transformers", "datasets", "huggingface_hub", "tiktoken", "numpy", "tqdm", "safetensors",
+                "matplotlib", "triton", "pyarrow")
+
+
+def our_modules():
+    return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "*.py")))
+
+
+def test_no_file_in_the_repo_root_is_a_module_a_dependency_imports():
+    """Scans the installed dependencies' sources for `import X`, `from X import` and availability checks
+    (importlib.util.find_spec("X"), transformers' _is_package_available("X")) naming one of our files."""
+    names = "|".join(map(re.escape, our_modules()))
+    pattern = re.compile(rf"^\s*(?:import ({names})\b|from ({names}) import)|"
+                         rf"(?:find_spec|is_package_available|import_module)\(\s*['\"]({names})['\"]", re.M)
+    hits, scanned = [], 0
+    for dep in DEPENDENCIES:
+        spec = importlib.util.find_spec(dep)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for folder in spec.submodule_search_locations:
+            for path in glob.glob(os.path.join(folder, "**", "*.py"), recursive=True):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                scanned += 1
+                for m in pattern.finditer(text):
+                    hits.append(f"{os.path.relpath(path, os.path.dirname(folder))}: {m.group(0).strip()}")
+    assert scanned > 1000  # torch alone has thousands of files: the scan really ran
+    assert not hits, "a dependency imports a module named like a file in the repo root:\n" + "\n".join(hits[:20])
+
+
+@pytest.fixture(scope="module")
+def no_triton(tmp_path_factory):
+    """PYTHONPATH that makes `import triton` fail, as on the CPU wheel, Macs and Windows."""
+    d = tmp_path_factory.mktemp("block")
+    (d / "triton").mkdir()
+    (d / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed (blocked by the test)')\n")
+    return {**os.environ, "PYTHONPATH": str(d)}
+
+
+def test_hf_paths_from_the_repo_root_without_triton(tmp_path, no_triton):
+    """sample.py on an HF GPT-2 folder, and the export round trip through transformers, from the repo root."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257,
+                                                              n_positions=64))
+    hf.save_pretrained(tmp_path / "hf")
+    r = subprocess.run([sys.executable, "sample.py", "--model", str(tmp_path / "hf"), "--num_samples", "1",
+                        "--max_new_tokens", "5", "--device", "cpu", "--prompt", "Hello"], cwd=ROOT, env=no_triton,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("Hello") and "1 x 5 tokens" in r.stdout, r.stderr[-2000:]
+    code = f"""
+import torch, transformers
+try:
+    import triton
+    raise SystemExit("triton importable")
+except ImportError:
+    pass
+from model import GPT, GPTConfig
+torch.manual_seed(0)
+m = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+m.save_pretrained({str(tmp_path / 'export')!r})
+hf = transformers.GPT2LMHeadModel.from_pretrained({str(tmp_path / 'export')!r}).eval()
+back = GPT.from_pretrained({str(tmp_path / 'export')!r}).eval()
+x = torch.randint(0, 50257, (2, 64))
+with torch.no_grad():
+    ours = m(x)[0][..., :50257]
+    assert (ours - hf(x).logits).abs().max() < 1e-4 and torch.equal(ours, back(x)[0])
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=no_triton, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
