@@ -17,6 +17,8 @@ bandwidth, at two row lengths.
 import argparse
 import contextlib
 import datetime
+import os
+import platform
 import re
 import statistics
 import sys
@@ -48,6 +50,20 @@ def sync(device):
 
 def fmt_bytes(n):
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def cpu_name():
+    """The CPU's model and core count, and whether it has bf16 matmul instructions (AVX-512-BF16 or AMX):
+    without them PyTorch emulates bf16 on the CPU and the bf16 rung is many times slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        name = re.search(r"^model name\s*:\s*(.*)$", info, re.M).group(1)
+        flags = re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split()
+        bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
+    except (OSError, AttributeError):  # not Linux
+        name, bf16 = platform.processor() or "CPU", "unknown"
+    return f"{name} ({os.cpu_count()} cores, {bf16} AVX-512-BF16/AMX)"
 
 
 def build(size, s, device):
@@ -247,7 +263,8 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
         x = torch.randn(rows, cols, device=device)
         err = (fused_softmax.softmax(x) - torch.softmax(x, -1)).abs().max().item()
         out.append(f"  {rows} x {cols} (Triton vs torch.softmax: max |difference| {err:.1e})")
-        for name, fn in (("naive PyTorch", fused_softmax.naive_softmax), ("torch.softmax", lambda t: torch.softmax(t, -1)),
+        for name, fn in (("naive PyTorch", fused_softmax.naive_softmax),
+                         ("torch.softmax", lambda t: torch.softmax(t, -1)),
                          ("Triton fused", fused_softmax.softmax)):
             fn(x)
             sync(device)
@@ -286,7 +303,7 @@ def main():
     B = args.B or (16 if cuda else 4)
     T = args.T or (1024 if cuda else 64)
     steps, warmup = args.steps or (20 if cuda else 3), args.warmup or (5 if cuda else 1)
-    name = torch.cuda.get_device_name() if cuda else "CPU"
+    name = torch.cuda.get_device_name() if cuda else cpu_name()
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps after "

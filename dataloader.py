@@ -70,8 +70,8 @@ def read_header(path):
     expected = HEADER_BYTES + 2 * int(header[2])
     if size != expected:
         raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} uint16 "
-                         f"tokens): it is truncated or not uint16; rerun the fineweb.py command that made it, which writes "
-                         f"damaged shards again")
+                         f"tokens): it is truncated or not uint16; rerun the fineweb.py command that made it, which "
+                         f"writes damaged shards again")
     return header
 
 
@@ -169,7 +169,8 @@ class DataLoaderLite:
 
     def state_dict(self):
         return {"epoch": self.epoch, "shard": self.shard, "row": self.row, "T": self.T, "split": self.split,
-                "shuffle": self.shuffle, "seed": self.seed, "shards": [os.path.basename(name) for name, _ in self.shards]}
+                "shuffle": self.shuffle, "seed": self.seed,
+                "shards": [os.path.basename(name) for name, _ in self.shards]}
 
     def load_state_dict(self, state):
         if "row" not in state:  # written before positions were counted in rows: (step, B, num_processes)

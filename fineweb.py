@@ -13,6 +13,7 @@ end) and writes byte-identical files; a rerun with other arguments into the same
 import argparse
 import collections
 import glob
+import itertools
 import json
 import os
 import time
@@ -25,6 +26,7 @@ from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_sha
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 EXTENSIONS = (".jsonl", ".parquet", ".txt")
+EMPTY = object()  # what next() gives for a corpus without documents
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -189,21 +191,26 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
         raise ValueError(f"--shard_size={shard_size} must be positive")
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
+    done = complete_shards(out_dir, prefix, fingerprint) if os.path.isdir(out_dir) else []
+    if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
+        print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
+        return
     docs = iter_documents(input_path, text_field)  # a missing input or no network fails here, before out_dir
+    first = next(docs, EMPTY)  # and a bad or empty first document too
+    if first is EMPTY:
+        raise ValueError(f"the corpus {input_path or source} is empty: no documents to tokenize")
+    docs = itertools.chain([first], docs)
     created = not os.path.exists(out_dir)
     try:
         make_out_dir(out_dir)
-        write_shards(docs, out_dir, prefix, fingerprint, shard_size, workers, input_path or source)
+        write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers)
     finally:  # bad input: no empty out_dir left behind
         if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)
 
 
-def write_shards(docs, out_dir, prefix, fingerprint, shard_size, workers, source):
-    done = complete_shards(out_dir, prefix, fingerprint)
-    if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
-        print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
-        return
+def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
+    """Tokenize docs into shards after the complete ones (`done`: their headers)."""
     # resume at the stream position recorded in the last complete shard: skip (not tokenize) what it covers
     next_doc = int(done[-1][4:6].view(np.int64)[0]) if done else 0
     skip_tokens = int(done[-1][3]) if done else 0
@@ -233,8 +240,6 @@ def write_shards(docs, out_dir, prefix, fingerprint, shard_size, workers, source
         total += len(tokens)
         bar.update(len(tokens))
     bar.close()
-    if index == 0 and fill == 0:
-        raise ValueError(f"the corpus {source} is empty: no documents to tokenize")
     if fill:  # the last, short shard
         write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprint)
         index += 1

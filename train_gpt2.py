@@ -144,19 +144,20 @@ SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
 
 
-def resume_settings(saved, cfg, overrides, saved_world, world_size, log_dir):
+def resume_settings(saved, cfg, saved_world, world_size, log_dir):
     """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of
     model shape or data stream ends here with one message listing every difference and the two ways out;
     other changes are applied and noted."""
     fixed = [k for k in SHAPE + STREAM if saved.get(k, cfg[k]) != cfg[k]]
     if fixed:
-        raise SystemExit(f"error: the run in {log_dir} has " + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
+        raise SystemExit(f"error: the run in {log_dir} has "
+                         + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
                          + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                          + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a new "
                          f"one with --log_dir=NEW")
     cfg, notes = dict(cfg), []
     rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
-    if rows != saved_rows and "val_steps" not in overrides and saved["val_steps"] * saved_rows % rows == 0:
+    if rows != saved_rows and cfg["val_steps"] == saved["val_steps"] and saved["val_steps"] * saved_rows % rows == 0:
         cfg["val_steps"] = saved["val_steps"] * saved_rows // rows  # validate on the same rows as before
     for k in cfg:
         if k not in ("init_from",) and k in saved and saved[k] != cfg[k]:
@@ -232,7 +233,6 @@ def main(argv):
         raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of B*T*world_size = "
                          f"{B}*{T}*{world_size} = {tokens_per_micro_step}: change B, T or total_batch_size")
     grad_accum_steps = cfg["total_batch_size"] // tokens_per_micro_step
-    os.makedirs(cfg["log_dir"], exist_ok=True)
     metrics_path = os.path.join(cfg["log_dir"], "metrics.jsonl")
 
     # ---------------------------------------------------------------------------------------------- resume
@@ -257,7 +257,7 @@ def main(argv):
                 raise SystemExit(f"error: the ranks resume from different checkpoints ({seen}): on several nodes "
                                  f"log_dir must be on a filesystem they all share")
         saved_world = ckpt.get("world_size", len(ckpt["dataloader"]) if isinstance(ckpt["dataloader"], list) else 1)
-        cfg, changes = resume_settings(ckpt["config"], cfg, overrides, saved_world, world_size, cfg["log_dir"])
+        cfg, changes = resume_settings(ckpt["config"], cfg, saved_world, world_size, cfg["log_dir"])
         if ckpt["step"] >= cfg["max_steps"]:
             print0(f"the run in {cfg['log_dir']} is already finished at step {ckpt['step']} (max_steps="
                    f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
@@ -323,6 +323,8 @@ def main(argv):
         del ckpt  # its tensors are copied into the model and optimizer
 
     # ---------------------------------------------------------------------------------------------- logging
+    os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a run refused above leaves no empty log_dir behind
+
     def log(record):
         if master:
             with open(metrics_path, "a") as f:  # appended: a resumed run continues the same log

@@ -23,6 +23,7 @@ def test_bench_cpu_smoke(tmp_path):
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
     assert "identical tokens: True" in report and "model.py estimate" in report
+    assert re.search(r"^.+ \(\d+ cores, (with|no|unknown) AVX-512-BF16/AMX\), torch ", report, re.M)  # which CPU
     parts = dict(re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \| \d+% \|$", report, re.M))
     assert list(parts) == ["cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)",
                            "matmuls (linear layers, lm_head)", "other (LayerNorm, GELU, adds, embedding, copies)",

@@ -144,6 +144,45 @@ def test_resume_after_sigkill(tmp_path):
     subprocess.run(cmd + ["--out_dir", str(out)], cwd=ROOT, check=True, capture_output=True)
     assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
 
+    # damaged shards (the loader refuses them and says to rerun fineweb.py): the rerun writes them again
+    paths = shards_of(out)
+    with open(paths[5], "r+b") as f:
+        f.write(b"garbage!")  # over the magic number
+    with open(paths[9], "r+b") as f:
+        f.truncate(os.path.getsize(paths[9]) - 100)
+    with pytest.raises(ValueError, match="rerun the fineweb.py command that made it"):
+        load_shard(paths[5])
+    r = subprocess.run(cmd + ["--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and f"fineweb: {paths[5]} is damaged (wrong header or size): writing it and the " \
+        f"{len(expected) - 6} shards after it again" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
+
+
+def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
+    from test_first_contact import assert_one_line_error
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src, DOCS)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    cli = [sys.executable, "fineweb.py", "--workers", "1"]
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    cases = [  # (arguments, phrases the one line must hold, environment)
+        (["--input", str(src), "--out_dir", str(tmp_path / "afile")], ["afile is a file, not a folder"], None),
+        (["--input", str(src), "--out_dir", "/proc/no_shards_here"], ["--out_dir /proc/no_shards_here cannot be "
+                                                                      "created or written"], None),
+        (["--input", str(tmp_path / "nope.jsonl"), "--out_dir", str(tmp_path / "o")], ["nope.jsonl does not exist"],
+         None),
+        (["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")], ["bad.jsonl:1: not valid JSON"],
+         None),
+        (["--out_dir", str(tmp_path / "o")], ["could not stream HuggingFaceFW/fineweb-edu", "--input takes local"],
+         offline),
+    ]
+    for args, phrases, env in cases:
+        r = subprocess.run(cli + args, cwd=ROOT, capture_output=True, text=True, env=env)
+        assert_one_line_error(r, *phrases)
+        assert "tokenizing" not in r.stderr  # refused before any work
+        assert not os.path.exists(tmp_path / "o")  # and no empty out_dir left behind
+
 
 def test_rerun_with_other_arguments_is_refused(tmp_path):
     out = make(tmp_path)
@@ -169,6 +208,7 @@ def test_fineweb_errors(tmp_path):
     (tmp_path / "nothing").mkdir()
     with pytest.raises(ValueError, match="holds no .jsonl"):
         fineweb.main(str(tmp_path / "nothing"), str(tmp_path / "o"), "text", 100, "t", 1)
+    assert not os.path.exists(tmp_path / "o")  # no empty out_dir left by any of them
     with pytest.raises(ValueError, match="token id 70000 does not fit in uint16"):
         write_shard(str(tmp_path / "x.bin"), [1, 70000])
     assert not os.path.exists(tmp_path / "x.bin") and not os.path.exists(tmp_path / "x.bin.tmp")

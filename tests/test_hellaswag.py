@@ -157,11 +157,34 @@ def test_cli_single_and_torchrun_gloo(model, tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="checkpoint .*nope.pt does not exist"):
+    with pytest.raises(ValueError, match="checkpoint .*nope.pt does not exist"):
         load_model(str(tmp_path / "nope.pt"))
     torch.save({"weights": {}}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a train_gpt2.py checkpoint"):
         load_model(str(tmp_path / "other.pt"))
+
+
+def test_cli_missing_data_is_one_line(model, tmp_path):
+    from test_first_contact import assert_one_line_error
+    ckpt = save_checkpoint(model, tmp_path / "model.pt")
+    r = subprocess.run([sys.executable, "hellaswag.py", "--model", ckpt, "--data", str(tmp_path / "hs.jsonl"),
+                        "--device", "cpu"], cwd=ROOT, capture_output=True, text=True)
+    assert_one_line_error(r, "HellaSwag data", "hs.jsonl does not exist")
+
+
+def test_download_failure_names_the_way_out(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(name, split):
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(OSError) as e:
+        hellaswag.load_examples(cache_dir=str(tmp_path))
+    assert str(e.value) == ("could not download HellaSwag (Couldn't reach 'Rowan/hellaswag' on the Hub "
+                            "(LocalEntryNotFoundError)); offline, pass a local copy of hellaswag_val.jsonl "
+                            "(github.com/rowanz/hellaswag) with --data")
+    assert not os.path.exists(tmp_path / "hellaswag_val.jsonl")
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED), reason="the real HellaSwag file lives in ../shared (developers only)")

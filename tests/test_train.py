@@ -1,7 +1,9 @@
 """train_gpt2.py through its real entry points (python and torchrun, gloo) on tiny CPU configurations."""
+import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +13,8 @@ import pytest
 import torch
 
 import train_gpt2
+from checkpoint import checkpoints
+from test_first_contact import assert_one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "train_gpt2.py")
@@ -54,7 +58,7 @@ def losses(log_dir):
 
 
 def final_weights(log_dir):
-    ckpts = train_gpt2.checkpoints(log_dir)
+    ckpts = checkpoints(log_dir)
     return torch.load(ckpts[-1], map_location="cpu", weights_only=True)
 
 
@@ -77,9 +81,10 @@ def test_tiny_run_on_input_txt(tmp_path):
     assert [v["step"] for v in vals] == [15, 30] and vals[1]["val_loss"] < vals[0]["val_loss"]
     samples = [r for r in recs if "samples" in r]
     assert len(samples) == 2 and all(s.startswith("Hello, I'm a language model,") for s in samples[0]["samples"])
-    assert [os.path.basename(p) for p in train_gpt2.checkpoints(log)] == ["model_000015.pt", "model_000030.pt"]
+    assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000015.pt", "model_000030.pt"]
     ckpt = final_weights(log)  # torch.load(weights_only=True) works
-    assert ckpt["step"] == 30 and ckpt["config"]["max_steps"] == 30 and len(ckpt["dataloader"]) == 1
+    assert ckpt["step"] == 30 and ckpt["config"]["max_steps"] == 30 and ckpt["world_size"] == 1
+    assert ckpt["dataloader"]["row"] > 0 and len(ckpt["checksum"]) == 64
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert {"optimizer", "rng", "model_config"} <= set(ckpt)
     for r in recs:
@@ -105,15 +110,20 @@ def test_torchrun_two_ranks_match_one_process(tmp_path, text):
     w1, w2 = final_weights(tmp_path / "one")["model"], final_weights(tmp_path / "two")["model"]
     for k in w1:
         assert (w1[k] - w2[k]).norm() <= 1e-3 * w1[k].norm(), k
-    assert len(final_weights(tmp_path / "two")["dataloader"]) == 2  # every rank's loader state
+    assert final_weights(tmp_path / "two")["world_size"] == 2
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, text):
-    """An uninterrupted 8-step run: per-step losses and final weights."""
+    """An uninterrupted 8-step run: per-step losses, final weights and its log_dir (copy it to change it)."""
     d = tmp_path_factory.mktemp("ref")
     run(RESUME_ARGS(text) + [f"--log_dir={d / 'log'}"], cwd=d)
-    return losses(d / "log"), final_weights(d / "log")["model"]
+    return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
+
+
+def loss_steps(log_dir):
+    """The step of every training record, in file order: one per step after any resume."""
+    return [r["step"] for r in records(log_dir) if "loss" in r and "event" not in r]
 
 
 def RESUME_ARGS(text):
@@ -135,15 +145,16 @@ def start_and_signal(args, cwd, log_dir, after_step, sig):
 
 
 def test_exact_resume_after_sigkill(tmp_path, text, reference):
-    ref_losses, ref_weights = reference
+    ref_losses, ref_weights, _ = reference
     log = str(tmp_path / "log")
     code, _ = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
     assert code == -signal.SIGKILL
     done = max(losses(log))
     assert 5 <= done < 8  # killed part way
     r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)  # the same command
-    assert "NOTE: resuming from" in r.stdout and "resumed at step" in r.stdout
+    assert "resuming from" in r.stdout and "NOTE: dropped" in r.stdout  # the killed attempt's steps after it
     assert losses(log) == ref_losses  # bitwise: floats compared exactly
+    assert loss_steps(log) == list(range(1, 9))  # one record per step in the file itself
     w = final_weights(log)["model"]
     assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
     starts = [rec for rec in records(log) if rec.get("event") == "start"]
@@ -151,18 +162,127 @@ def test_exact_resume_after_sigkill(tmp_path, text, reference):
 
 
 def test_sigterm_checkpoints_and_resumes(tmp_path, text, reference):
-    ref_losses, ref_weights = reference
+    ref_losses, ref_weights, _ = reference
     log = str(tmp_path / "log")
     code, out = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGTERM)
-    assert code == 0, out
+    assert code == 128 + signal.SIGTERM, out  # 143: schedulers see the run did not finish
     stopped = max(losses(log))
-    assert f"stopped by signal after step {stopped}" in out and stopped < 8
-    assert os.path.basename(train_gpt2.checkpoints(log)[-1]) == f"model_{stopped:06d}.pt"
+    assert f"stopped by signal 15 after step {stopped}" in out and stopped < 8
+    assert os.path.basename(checkpoints(log)[-1]) == f"model_{stopped:06d}.pt"
     r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)
-    assert f"resumed at step {stopped}" in r.stdout
-    assert losses(log) == ref_losses
+    assert f"resuming from {log}/model_{stopped:06d}.pt (step {stopped}" in r.stdout
+    assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
     w = final_weights(log)["model"]
     assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference):
+    """Ctrl-C (exit 130), then the same run with B=2 instead of 4, as after running out of memory elsewhere:
+    twice the accumulation steps, the same rows of data, the same validation rows, the same losses."""
+    ref_losses, _, ref_log = reference
+    log = str(tmp_path / "log")
+    code, out = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGINT)
+    assert code == 128 + signal.SIGINT, out
+    stopped = max(losses(log))
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}", "--B=2"], cwd=tmp_path)
+    assert "NOTE: B changed since the checkpoint: 4 -> 2" in r.stdout
+    assert "2 x 32 x 1 processes x 4 accumulation" in r.stdout
+    start = [rec for rec in records(log) if rec.get("event") == "start"][-1]
+    assert start["step"] == stopped and start["config"]["B"] == 2 and start["config"]["val_steps"] == 4  # as used
+    got = losses(log)
+    assert sorted(got) == list(range(1, 9))
+    for s in range(stopped + 1, 9):  # another split of the same batch: equal up to float rounding
+        assert math.isclose(got[s], ref_losses[s], rel_tol=1e-5), (s, got[s], ref_losses[s])
+    val = {rec["step"]: rec["val_loss"] for rec in records(log) if "val_loss" in rec}
+    ref_val = {rec["step"]: rec["val_loss"] for rec in records(ref_log) if "val_loss" in rec}
+    assert math.isclose(val[8], ref_val[8], rel_tol=1e-5)  # validated on the same rows as before
+
+
+def test_damaged_checkpoints_are_skipped_then_refused(tmp_path, text, reference):
+    """Bytes changed inside the newest checkpoint: the resume says so and takes the one before, exactly.
+    With every checkpoint truncated: one line, exit 1, nothing trained."""
+    ref_losses, ref_weights, _ = reference
+    log = str(tmp_path / "log")
+    code, out = start_and_signal(RESUME_ARGS(text) + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGTERM)
+    *_, older, newest = checkpoints(log)
+    with open(newest, "r+b") as f:  # random bytes somewhere in the middle (tensor data, most likely)
+        f.seek(os.path.getsize(newest) // 2)
+        f.write(os.urandom(64))
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)
+    assert f"NOTE: checkpoint {newest} is damaged: " in r.stdout and f"resuming from {older}" in r.stdout
+    assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
+    w = final_weights(log)["model"]
+    assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
+    for path in checkpoints(log):
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 3)
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}", "--max_steps=10"], cwd=tmp_path, check=False)
+    assert_one_line_error(r, f"none of the 2 checkpoints in {log} verifies", "--log_dir=NEW")
+    assert r.stdout.count("cannot be read") == 2 and "step    9" not in r.stdout
+
+
+def test_finished_run_changed_shape_and_old_checkpoints(tmp_path, text, reference):
+    """A copy of the finished reference run: rerunning it does nothing; a new model shape or sequence length is
+    refused in one line; a checkpoint in the format before checksums (and per-rank loader states) resumes."""
+    ref_losses, ref_weights, ref_log = reference
+    log = tmp_path / "log"
+    shutil.copytree(ref_log, log)
+    before = {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))}
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)
+    assert f"the run in {log} is already finished at step 8" in r.stdout and "step    1" not in r.stdout
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}", "--n_layer=3", "--T=16", "--max_steps=10"], cwd=tmp_path,
+            check=False)
+    assert_one_line_error(r, "n_layer=2 (now 3), T=32 (now 16)", "--n_layer=2 --T=32", "--log_dir=NEW")
+    assert {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))} == before  # nothing touched
+    ckpt = torch.load(log / "model_000006.pt", weights_only=True)  # rewritten as before this version
+    state = ckpt.pop("dataloader")
+    rows_per_step = 4 * 1  # B x processes
+    old = {k: v for k, v in state.items() if k != "row"}
+    old.update(step=state["row"] // rows_per_step, B=4, num_processes=1)
+    ckpt.update(dataloader=[old])
+    del ckpt["checksum"], ckpt["world_size"]
+    torch.save(ckpt, log / "model_000006.pt")
+    os.remove(log / "model_000008.pt")
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}"], cwd=tmp_path)
+    assert "written before checkpoints carried a checksum: loaded unverified" in r.stdout
+    assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
+    w = final_weights(log)["model"]
+    assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
+
+
+@pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
+def test_expected_mistakes_are_one_line(tmp_path, case):
+    from dataloader import shard_path, write_shard
+    args = TINY + [f"--log_dir={tmp_path / 'log'}", "--max_steps=2"]
+    if case == "bad shard":
+        write_shard(shard_path(tmp_path, "s", "val", 0), list(range(5000)))
+        with open(shard_path(tmp_path, "s", "train", 1), "wb") as f:
+            f.write(b"not a shard" * 200)
+        r = run(args + [f"--data_root={tmp_path}"], cwd=tmp_path, check=False)
+        assert_one_line_error(r, "s_train_000001.bin is not a token shard (bad magic number)", "fineweb.py")
+    elif case == "missing hellaswag":
+        r = run(args + ["--hellaswag=5", f"--hellaswag_data={tmp_path / 'hs.jsonl'}"], cwd=tmp_path, check=False)
+        assert_one_line_error(r, "hs.jsonl does not exist")
+    else:
+        r = run(args + [f"--init_from={tmp_path}"], cwd=tmp_path, check=False)
+        assert_one_line_error(r, "config.json does not exist")
+    assert not os.path.exists(tmp_path / "log")  # and no empty log_dir left behind
+
+
+def test_resume_settings():
+    saved = dict(train_gpt2.CONFIG, B=4, val_steps=2)
+    cfg, notes = train_gpt2.resume_settings(saved, dict(saved, B=2, max_lr=1e-3), 2, 2, "log")
+    assert cfg["val_steps"] == 4 and cfg["max_lr"] == 1e-3
+    assert notes == ["B changed since the checkpoint: 4 -> 2", "max_lr changed since the checkpoint: 0.0006 -> 0.001",
+                     "val_steps changed since the checkpoint: 2 -> 4"]
+    cfg, _ = train_gpt2.resume_settings(saved, dict(saved, B=2, val_steps=3), 2, 2, "log")  # val_steps as given
+    assert cfg["val_steps"] == 3
+    cfg, notes = train_gpt2.resume_settings(saved, dict(saved, B=2), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
+    assert cfg["val_steps"] == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
+    for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
+                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64)]:
+        with pytest.raises(SystemExit, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
+            train_gpt2.resume_settings(saved, dict(saved, **{key: value}), 1, 1, "log")
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
@@ -170,11 +290,13 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
     r = run(TINY + [f"--data_root={text}", "--max_steps=20", "--warmup_steps=1", "--max_lr=1e30",
                     "--checkpoint_interval=1", "--eval_interval=100", f"--log_dir={log}"], cwd=tmp_path, check=False)
     assert r.returncode == 1
-    assert "error: non-finite loss" in r.stdout and "stopped before the update" in r.stdout
     bad = [rec for rec in records(log) if rec.get("event") == "non-finite"]
     assert len(bad) == 1
     last = final_weights(log)  # the newest checkpoint is the last good step, loadable
-    assert last["step"] == bad[0]["step"] and all(torch.isfinite(v).all() for v in last["model"].values())
+    assert last["step"] == bad[0]["step"] - 1 and all(torch.isfinite(v).all() for v in last["model"].values())
+    assert (f"error: non-finite loss" in r.stdout and f"at step {bad[0]['step']}: stopped before its update. The "
+            f"newest checkpoint is model_{last['step']:06d}.pt (step {last['step']})" in r.stdout), r.stdout
+    assert "intact" not in r.stdout  # it says only what it checked
 
 
 def test_compile_ddp_train_hellaswag_and_sampling(tmp_path, text):
@@ -197,7 +319,7 @@ def test_compile_ddp_train_hellaswag_and_sampling(tmp_path, text):
     for s, loss in losses(log).items():  # compiled kernels round differently, so not bitwise
         assert math.isclose(loss, eager_losses[s], rel_tol=1e-5), (s, loss, eager_losses[s])
     # the compiled evaluator (examples split over the ranks) agrees with an eager one-process evaluation
-    eager = evaluate(load_model(train_gpt2.checkpoints(log)[-1]).eval(), load_examples(data), "cpu", batch_size=1)
+    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), load_examples(data), "cpu", batch_size=1)
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 

@@ -1,0 +1,90 @@
+"""checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is used."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoint import CheckpointError, checksum, load_checkpoint, newest_valid, save_checkpoint
+from model import GPT, GPTConfig
+from test_first_contact import assert_one_line_error
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
+
+
+def state():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight.fill_(MARK)
+    return {"model": model.state_dict(), "model_config": {"block_size": 16, "vocab_size": 64, "n_layer": 1,
+            "n_head": 2, "n_embd": 16}, "step": 3, "config": {"B": 4, "data_root": "x"}, "dataloader": {"row": 8},
+            "rng": {"cpu": torch.get_rng_state(), "cuda": None}}
+
+
+def test_round_trip_and_checksum(tmp_path):
+    s = state()
+    path = str(tmp_path / "model_000003.pt")
+    save_checkpoint(s, path)
+    assert os.listdir(tmp_path) == ["model_000003.pt"]  # no .tmp left
+    got = load_checkpoint(path)
+    assert got["checksum"] == checksum(s) and got["step"] == 3
+    assert all(torch.equal(got["model"][k], v) for k, v in s["model"].items())
+    changed = {**s, "step": 4}
+    assert checksum(changed) != checksum(s) and checksum({**s}) == checksum(s)
+
+
+def test_damage_is_detected(tmp_path):
+    path = str(tmp_path / "model_000003.pt")
+    save_checkpoint(state(), path)
+    data = open(path, "rb").read()
+    at = data.index(torch.tensor([MARK] * 4).numpy().tobytes())  # inside c_fc.weight's bytes
+    (tmp_path / "flipped.pt").write_bytes(data[:at] + os.urandom(8) + data[at + 8:])
+    (tmp_path / "truncated.pt").write_bytes(data[:len(data) * 2 // 3])
+    (tmp_path / "other.pt").write_bytes(b"not a checkpoint at all")
+    torch.save({"weights": {}}, tmp_path / "foreign.pt")
+    for name, match in [("flipped.pt", "is damaged: its contents do not match its checksum"),
+                        ("truncated.pt", "is damaged: it cannot be read"),
+                        ("other.pt", "is damaged: it cannot be read"),
+                        ("foreign.pt", "is not a train_gpt2.py checkpoint"),
+                        ("missing.pt", "does not exist")]:
+        with pytest.raises(CheckpointError, match=match):
+            load_checkpoint(str(tmp_path / name))
+    flipped = torch.load(tmp_path / "flipped.pt", weights_only=True)  # what a plain torch.load would have used
+    key = "transformer.h.0.mlp.c_fc.weight"
+    assert not torch.equal(flipped["model"][key], state()["model"][key])
+
+
+def test_checkpoints_without_a_checksum_load_unverified(tmp_path):
+    torch.save(state(), tmp_path / "old.pt")
+    assert load_checkpoint(str(tmp_path / "old.pt"))["checksum"] is None
+
+
+def test_newest_valid(tmp_path):
+    for step in (2, 4, 6):
+        save_checkpoint({**state(), "step": step}, str(tmp_path / f"model_{step:06d}.pt"))
+    (tmp_path / "model_000006.pt").write_bytes(b"")
+    notes = []
+    path, ckpt = newest_valid(str(tmp_path), notes.append)
+    assert path.endswith("model_000004.pt") and ckpt["step"] == 4
+    assert len(notes) == 1 and "model_000006.pt is damaged" in notes[0] and notes[0].endswith(": skipped")
+    for step in (2, 4):
+        (tmp_path / f"model_{step:06d}.pt").write_bytes(b"PK")
+    with pytest.raises(CheckpointError, match="none of the 3 checkpoints in .* verifies"):
+        newest_valid(str(tmp_path), notes.append)
+
+
+@pytest.mark.parametrize("script", ["sample.py", "hellaswag.py"])
+def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, script):
+    path = str(tmp_path / "model_000003.pt")
+    save_checkpoint(state(), path)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 200)
+    data = tmp_path / "hs.jsonl"
+    data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
+    r = subprocess.run([sys.executable, script, "--model", path, "--device", "cpu"]
+                       + (["--data", str(data)] if script == "hellaswag.py" else []),
+                       cwd=ROOT, capture_output=True, text=True)
+    assert_one_line_error(r, f"checkpoint {path} is damaged: it cannot be read")
