@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, autocast, flops_per_token, peak_flops, training_memory
+from model import GPT, GPT2_SIZES, GPTConfig, autocast, count_params, flops_per_token, peak_flops, training_memory
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -236,8 +236,9 @@ def memory(size, s, B, T, device, compiled_peak):
     return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if s["compile"] else "")]
 
 
-def largest_batch(size, s, T, start):
-    """Doubles B from `start` until a training step runs out of GPU memory (eager: no compile per B)."""
+def largest_batch(size, s, T, start=1):
+    """Doubles B from `start` until a training step runs out of GPU memory (eager: no compile per B); the
+    last B that ran, or None."""
     s = {**s, "compile": False}
     best, B = None, start
     while B <= 1024:
@@ -248,7 +249,35 @@ def largest_batch(size, s, T, start):
             break
         finally:
             torch.cuda.empty_cache()
-    return [f"largest micro-batch that fits (powers of two, eager, bf16, T={T}): B={best}"]
+    return best
+
+
+def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
+    """model.py's memory estimate per GPU for each GPT-2 size, under DDP and under FSDP over `gpus` GPUs, and
+    the largest micro-batch that fits each card by that estimate (within 90% of it: the rest is for the CUDA
+    context, allocator slack and DDP's buckets). measure: settings to find the largest B on this GPU (one
+    process, eager, powers of two: what DDP holds per GPU)."""
+    head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
+    head += ["B measured here (1 process)"] if measure else []
+    lines = [f"memory per GPU by model.py's estimate (bf16 autocast, AdamW, T={T}) and the largest micro-batch B "
+             f"that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
+             "| --- |" + " ---: |" * (len(head) - 1)]
+    for name, shape in GPT2_SIZES.items():
+        config = GPTConfig(**shape, vocab_size=50304, block_size=max(T, 1024))
+        per = {}
+        for mode, shards in (("DDP", 1), ("FSDP", gpus)):
+            one, two = (training_memory(config, B, T, "bf16", shards)["total"] for B in (1, 2))
+            per[mode] = (one, two - one)  # bytes at B=1, bytes per further sequence
+        fits = [" / ".join(str(max(0, int((0.9 * cap - one) // step) + 1)) if one <= 0.9 * cap else "0"
+                           for one, step in per.values()) for _, cap in cards]
+        row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | {fmt_bytes(per['FSDP'][0])} | "
+               + " | ".join(fits) + " |")
+        if measure:
+            row += f" {largest_batch(dict(shape, block_size=config.block_size), measure, T)} |"
+        lines.append(row)
+        if measure:  # slow: a line as soon as it is known
+            print(row, flush=True)
+    return lines
 
 
 def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
@@ -320,11 +349,11 @@ def main():
         report += extra
     extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
     extra += memory(size, last_s, B, T, args.device, last_mem)
+    extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None) + [""]
     if cuda:
-        extra += largest_batch(size, last_s, T, B)
         extra += softmax_bandwidth(args.device)
     else:
-        extra += ["largest micro-batch and softmax kernel GB/s: CUDA only"]
+        extra += ["measured largest micro-batch and softmax kernel GB/s: CUDA only"]
     for line in extra:
         print(line, flush=True)
     report += extra

@@ -116,7 +116,8 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
     """acc and acc_norm of model (a callable idx -> (logits, loss), compiled or not) on examples.
 
     Rank r of world_size scores examples r, r + world_size, ...; with torch.distributed initialised the
-    counts are summed over ranks (one all-reduce at the end, so ranks with fewer examples cannot deadlock).
+    counts are summed over ranks (one all-reduce at the end). Every rank runs the same number of forwards
+    (under FSDP each one is collective): a rank with fewer examples runs a padding batch it does not count.
     Examples go batch_size at a time, sorted by length, padded to (4 * batch_size, multiple of 8 tokens).
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
     enc = get_encoding()
@@ -124,8 +125,13 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
     mine.sort(key=lambda item: max(len(r) for r in item[1][0]))
     predictions = []
     counts = torch.zeros(3, dtype=torch.long, device=device)  # n, correct (sum), correct (mean)
-    for start in tqdm(range(0, len(mine), batch_size), desc="hellaswag", unit="batch", disable=not progress):
+    most = -(-len(examples) // world_size)  # examples of the rank with the most
+    for start in tqdm(range(0, most, batch_size), desc="hellaswag", unit="batch", disable=not progress):
         batch = mine[start:start + batch_size]
+        if not batch:  # this rank is done, but another still runs a (collective) forward
+            with autocast(device):
+                model(torch.zeros(4 * batch_size, BUCKET, dtype=torch.long, device=device))
+            continue
         longest = max(len(r) for _, (rows, _), _ in batch for r in rows)
         T = -(-longest // BUCKET) * BUCKET
         tokens = torch.zeros(4 * batch_size, T, dtype=torch.long)  # unused rows and tails are padding

@@ -5,10 +5,10 @@ Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_att
 that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
 """
 import contextlib
+import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -19,10 +19,16 @@ from torch.utils.checkpoint import checkpoint
 from checkpoint import load_checkpoint
 
 GPT2_VOCAB = 50257  # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
+GPT2_SIZES = {  # OpenAI's four GPT-2 shapes (parameters at vocab 50257; HF names gpt2, -medium, -large, -xl)
+    "124M": dict(n_layer=12, n_head=12, n_embd=768),
+    "350M": dict(n_layer=24, n_head=16, n_embd=1024),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280),
+    "1558M": dict(n_layer=48, n_head=25, n_embd=1600),
+}
 PRETRAINED = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}  # Hub ids
 
 
-@dataclass
+@dataclasses.dataclass
 class GPTConfig:
     block_size: int = 1024  # max sequence length (learned position embeddings)
     vocab_size: int = 50257  # GPT-2's 50,257 tokens; pad to 50304 (a multiple of 128) for faster matmuls
@@ -416,8 +422,9 @@ def mfu(config, tokens_per_sec, peak, T=None):
     return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
 
 
-def training_memory(config, B, T, dtype="bf16"):
-    """Estimated training memory in bytes, by part, for micro-batch B x T with AdamW and fp32 master weights.
+def training_memory(config, B, T, dtype="bf16", shards=1):
+    """Estimated training memory in bytes per process, by part, for micro-batch B x T with AdamW and fp32
+    master weights; shards > 1: FSDP over that many ranks.
 
     dtype is the compute dtype: "bf16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
     params, grads: 4 bytes a parameter each; adamw: exp_avg + exp_avg_sq, 8 bytes a parameter;
@@ -430,6 +437,10 @@ def training_memory(config, B, T, dtype="bf16"):
     then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
     each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
     and one block's activations are live at a time in backward.
+    FSDP (shards ranks) keeps 1/shards of params, grads and adamw on each rank, and adds "gathered": the
+    full fp32 parameters and gradients of the units being computed (the root, wte = lm_head with wpe and ln_f,
+    stays gathered from forward to backward; two blocks at a time, one of them prefetched). The autocast
+    weight copies are made from gathered parameters and kept until backward: they are not sharded.
     Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype={dtype!r}: use 'bf16' (autocast) or 'fp32'")
@@ -439,10 +450,13 @@ def training_memory(config, B, T, dtype="bf16"):
     layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
     head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8  # ln_f, lm_head input, logits, log-probs, idx/targets
     blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
+    block = count_params(dataclasses.replace(config, n_layer=2)) - count_params(dataclasses.replace(config, n_layer=1))
+    root = N - L * block  # wte (= lm_head), wpe, ln_f
     parts = {
-        "params": 4 * N,
-        "grads": 4 * N,
-        "adamw": 8 * N,
+        "params": 4 * N / shards,
+        "grads": 4 * N / shards,
+        "adamw": 8 * N / shards,
+        "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
         "weight_copies": 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C) if dtype == "bf16" else 0,
         "activations": B * T * (blocks + head),
     }

@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, checkpoints, newest_valid, save_checkpoint
+from checkpoint import CheckpointError, checkpoints, gather_state, load_state, newest_valid, save_checkpoint
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
-from model import GPT, GPTConfig, autocast, mfu, peak_flops, training_memory
+from model import GPT, GPT2_SIZES, GPTConfig, autocast, mfu, peak_flops, training_memory
 from tokenizer import get_encoding
 
 # ------------------------------------------------------------------------------------------------------------
@@ -37,6 +37,7 @@ B = 64  # micro-batch per GPU; lower it if memory runs out (gradient accumulatio
 T = 1024  # sequence length
 block_size = 1024  # the model's maximum sequence length (position embeddings)
 vocab_size = 50304  # GPT-2's 50,257 tokens padded to a multiple of 128: faster matmuls, never sampled
+size = ""  # 124M, 350M, 774M or 1558M: sets n_layer, n_head, n_kv_head, n_embd and max_lr below (--name=value wins)
 n_layer = 12
 n_head = 12
 n_kv_head = 12  # key/value heads: = n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
@@ -56,6 +57,7 @@ checkpoint_interval = 5000  # steps between checkpoints (and always after the la
 keep_checkpoints = 2  # the newest K checkpoints are kept
 init_from = "scratch"  # scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | resume (the default if log_dir has one)
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
+fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU's memory
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
 device = "auto"  # auto (cuda if available), cuda or cpu
 log_dir = "log"
@@ -63,6 +65,8 @@ seed = 1337
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and type(v) in (int, float, str, bool)}
 
+PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for models of those sizes
+SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]} for name, shape in GPT2_SIZES.items()}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
@@ -99,6 +103,49 @@ def parse_overrides(argv, defaults):
     return overrides
 
 
+def apply_size(cfg, overrides):
+    """(cfg, overrides) with the size preset's settings, except those given on the command line. A preset
+    chosen on the command line counts as its settings given there (the CPU fallback keeps them)."""
+    if not cfg["size"]:
+        return cfg, overrides
+    if cfg["size"] not in SIZES:
+        raise SystemExit(f"error: --size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
+                         f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
+    preset = {k: v for k, v in SIZES[cfg["size"]].items() if k not in overrides}
+    return {**cfg, **preset}, ({**overrides, **preset} if "size" in overrides else overrides)
+
+
+def wrap_model(raw_model, cfg, distributed, device_ids):
+    """(train_model, eval_model, grad_sync), decided once: how this rank runs the model.
+
+    One process: the model itself. DDP: every rank holds the whole model and its optimizer; gradients are
+    all-reduced in buckets during backward. FSDP2 (fsdp=True): each Block, then the root (wte = lm_head, wpe,
+    ln_f: the weight tying survives), is sharded over the ranks; parameters are all-gathered for each forward
+    and backward, gradients reduce-scattered, so each rank keeps 1/world of the parameters, gradients and AdamW
+    states. Every rank must then run every forward, evaluation included.
+    compile: DDP goes inside torch.compile (PyTorch's advice): the graph is split at DDP's gradient buckets, so
+    each bucket's all-reduce overlaps the rest of the backward pass. Evaluation runs on each rank's own
+    batches, through the model without DDP.
+    grad_sync(last) is the context a micro-step runs in: gradients cross ranks only on the last one."""
+    maybe_compile = torch.compile if cfg["compile"] else (lambda m: m)
+    if cfg["fsdp"]:
+        from torch.distributed.fsdp import fully_shard
+        for block in raw_model.transformer.h:
+            fully_shard(block)
+        fully_shard(raw_model)  # in place: raw_model is now the sharded model
+
+        def grad_sync(last):
+            raw_model.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        model = maybe_compile(raw_model)
+        return model, model, grad_sync
+    if distributed:
+        ddp_model = DDP(raw_model, device_ids=device_ids)
+        return (maybe_compile(ddp_model), maybe_compile(raw_model),
+                lambda last: contextlib.nullcontext() if last else ddp_model.no_sync())
+    return maybe_compile(raw_model), maybe_compile(raw_model), lambda last: contextlib.nullcontext()
+
+
 def apply_fallbacks(cfg, overrides, use_cuda, world_size):
     """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small model.
     Both with settings to match, except those given on the command line; one step is then 2 micro-batches."""
@@ -128,6 +175,13 @@ def get_lr(step, cfg):
         return min_lr
     ratio = (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"])
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+
+
+def broadcast_object(obj):
+    """Rank 0's obj on every rank (a small picklable object)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def git_commit():
@@ -193,7 +247,7 @@ def truncate_log(path, step):
 
 def main(argv):
     overrides = parse_overrides(argv, CONFIG)
-    cfg = {**CONFIG, **overrides}
+    cfg, overrides = apply_size({**CONFIG, **overrides}, overrides)
 
     # ---------------------------------------------------------------------------------------------- processes
     ddp = "RANK" in os.environ  # launched by torchrun
@@ -213,6 +267,9 @@ def main(argv):
     dev = f"cuda:{local_rank}" if use_cuda else "cpu"
     if use_cuda:
         torch.cuda.set_device(dev)
+    if cfg["fsdp"] and not ddp:
+        raise SystemExit("error: --fsdp=True shards the model over the processes torchrun starts: run it as "
+                         "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
     if ddp:  # NCCL between GPUs, gloo between CPU processes
         dist.init_process_group("nccl" if use_cuda else "gloo")
 
@@ -242,37 +299,37 @@ def main(argv):
             raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
                              f"continues it, or choose another --log_dir")
         cfg["init_from"] = "resume"
-    ckpt, ckpt_path = None, None
+    ckpt, meta = None, None  # the checkpoint (rank 0 only: it broadcasts) and what every rank needs of it
     if cfg["init_from"] == "resume":
         if not existing:
             raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
-        try:
-            ckpt_path, ckpt = newest_valid(cfg["log_dir"], print0)
-        except CheckpointError as e:
-            raise SystemExit(f"error: {e}") from None
-        if ddp:  # every rank must start from the same checkpoint: on several nodes log_dir must be shared
-            seen = [None] * world_size
-            dist.all_gather_object(seen, ckpt_path)
-            if any(s != seen[0] for s in seen):
-                raise SystemExit(f"error: the ranks resume from different checkpoints ({seen}): on several nodes "
-                                 f"log_dir must be on a filesystem they all share")
-        saved_world = ckpt.get("world_size", len(ckpt["dataloader"]) if isinstance(ckpt["dataloader"], list) else 1)
-        cfg, changes = resume_settings(ckpt["config"], cfg, saved_world, world_size, cfg["log_dir"])
-        if ckpt["step"] >= cfg["max_steps"]:
-            print0(f"the run in {cfg['log_dir']} is already finished at step {ckpt['step']} (max_steps="
+        if master:  # rank 0 reads and verifies; the others get the verdict, and the weights in load_state()
+            try:
+                ckpt_path, ckpt = newest_valid(cfg["log_dir"], print0)
+                meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": ckpt_path}
+            except CheckpointError as e:
+                meta = {"error": str(e)}
+        if ddp:
+            meta = broadcast_object(meta)
+        if "error" in meta:
+            raise SystemExit(f"error: {meta['error']}")
+        saved_world = meta.get("world_size", len(meta["dataloader"]) if isinstance(meta["dataloader"], list) else 1)
+        cfg, changes = resume_settings(meta["config"], cfg, saved_world, world_size, cfg["log_dir"])
+        if meta["step"] >= cfg["max_steps"]:
+            print0(f"the run in {cfg['log_dir']} is already finished at step {meta['step']} (max_steps="
                    f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
             if ddp:
                 dist.destroy_process_group()
             return
-        print0(f"resuming from {ckpt_path} (step {ckpt['step']}; --log_dir=NEW starts afresh)")
-        if ckpt["checksum"] is None:
-            print0(f"NOTE: {ckpt_path} was written before checkpoints carried a checksum: loaded unverified")
+        print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)")
+        if meta["checksum"] is None:
+            print0(f"NOTE: {meta['path']} was written before checkpoints carried a checksum: loaded unverified")
         for c in changes:
             print0(f"NOTE: {c}")
         if master:
-            dropped = truncate_log(metrics_path, ckpt["step"])
+            dropped = truncate_log(metrics_path, meta["step"])
             if dropped:
-                print0(f"NOTE: dropped {dropped} records after step {ckpt['step']} from {metrics_path} (the "
+                print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
                        f"interrupted attempt's, redone now)")
 
     # ---------------------------------------------------------------------------------------------- model
@@ -280,10 +337,9 @@ def main(argv):
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
     try:  # expected mistakes (a bad model name or shape, missing data) end in one line
-        if ckpt is not None:
-            model_config = GPTConfig(**{**ckpt["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
+        if meta is not None:
+            model_config = GPTConfig(**{**meta["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
             raw_model = GPT(model_config)
-            raw_model.load_state_dict(ckpt["model"])
         elif cfg["init_from"] == "scratch":
             model_config = GPTConfig(block_size=cfg["block_size"], vocab_size=cfg["vocab_size"],
                                      n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_kv_head=cfg["n_kv_head"],
@@ -294,32 +350,28 @@ def main(argv):
             model_config = raw_model.config
         train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
         val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
-        if ckpt is not None:
-            train_loader.load_state_dict(ckpt["dataloader"][0] if isinstance(ckpt["dataloader"], list)
-                                         else ckpt["dataloader"])
+        if meta is not None:
+            train_loader.load_state_dict(meta["dataloader"][0] if isinstance(meta["dataloader"], list)
+                                         else meta["dataloader"])
         examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
         enc = get_encoding()
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     raw_model.to(dev)
-    # DDP goes inside torch.compile (PyTorch's advice): compile then splits the graph at DDP's gradient buckets,
-    # so each bucket's all-reduce overlaps the rest of the backward pass instead of all of them following it
-    ddp_model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if ddp else raw_model
-    train_model = torch.compile(ddp_model) if cfg["compile"] else ddp_model
-    model = torch.compile(raw_model) if cfg["compile"] else raw_model  # evaluation: each rank on its own batches
+    train_model, model, grad_sync = wrap_model(raw_model, cfg, ddp, [local_rank] if use_cuda else None)
     optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
 
     step = 0
-    if ckpt is not None:
+    if meta is not None:
         decay = [group["weight_decay"] for group in optimizer.param_groups]
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_state(raw_model, optimizer, ckpt, ddp)  # rank 0's checkpoint into every rank's (shard of the) model
         for group, wd in zip(optimizer.param_groups, decay):  # the saved groups bring the old weight decay
             group["weight_decay"] = wd
-        torch.set_rng_state(ckpt["rng"]["cpu"])
-        if use_cuda and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
-        step = ckpt["step"]
+        torch.set_rng_state(meta["rng"]["cpu"])
+        if use_cuda and meta["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(meta["rng"]["cuda"])
+        step = meta["step"]
         del ckpt  # its tensors are copied into the model and optimizer
 
     # ---------------------------------------------------------------------------------------------- logging
@@ -330,13 +382,15 @@ def main(argv):
             with open(metrics_path, "a") as f:  # appended: a resumed run continues the same log
                 f.write(json.dumps(record) + "\n")
 
-    mem = training_memory(model_config, B, T, "bf16" if use_cuda else "fp32")
+    shards = world_size if cfg["fsdp"] else 1
+    mem = training_memory(model_config, B, T, "bf16" if use_cuda else "fp32", shards)
     print0(f"config: {json.dumps(cfg)}")
     print0(f"model: {raw_model.num_params():,} parameters, {model_config}")
     print0(f"data: {cfg['data_root']}, {train_loader.tokens_total:,} train tokens, "
            f"{1 - train_loader.tokens_per_epoch / train_loader.tokens_total:.2%} skipped per epoch (shard tails)")
     print0(f"batch: {cfg['total_batch_size']:,} tokens = {B} x {T} x {world_size} processes x {grad_accum_steps} "
-           f"accumulation steps; device {dev}; estimated training memory per process {mem['total'] / 2**30:.1f} GiB")
+           f"accumulation steps; device {dev}; estimated training memory per process {mem['total'] / 2**30:.1f} GiB"
+           + (f" (parameters, gradients and AdamW states sharded {shards} ways)" if cfg["fsdp"] else ""))
     log({"event": "start", "step": step, "config": cfg, "model_config": dataclasses.asdict(model_config),
          "world_size": world_size, "fallbacks": fallbacks, "git_commit": git_commit(), "time": time.time()})
 
@@ -350,10 +404,11 @@ def main(argv):
     signal.signal(signal.SIGINT, request_stop)
 
     def checkpoint():
+        model_state, optimizer_state = gather_state(raw_model, optimizer)  # every rank: FSDP all-gathers
         if master:  # the loader's position is the same on every rank
             path = os.path.join(cfg["log_dir"], f"model_{step:06d}.pt")
-            save_checkpoint({"model": raw_model.state_dict(), "model_config": dataclasses.asdict(model_config),
-                             "optimizer": optimizer.state_dict(), "step": step, "config": cfg,
+            save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model_config),
+                             "optimizer": optimizer_state, "step": step, "config": cfg,
                              "world_size": world_size, "dataloader": train_loader.state_dict(),
                              "rng": {"cpu": torch.get_rng_state(),
                                      "cuda": torch.cuda.get_rng_state(dev) if use_cuda else None}}, path)
@@ -382,20 +437,21 @@ def main(argv):
             hs = hellaswag_eval(model, examples, dev, per_forward, rank, world_size)
             print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
             log({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"], "hellaswag_n": hs["n"]})
-        if master:  # decoding changes shapes every token: the uncompiled module with its KV-cache
-            gen = torch.Generator(dev).manual_seed(cfg["seed"])  # its own RNG: sampling leaves training's untouched
-            prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * 4, device=dev)
-            with autocast(dev):
-                out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
-            samples = [enc.decode(row.tolist()) for row in out]
-            for s in samples:
-                print0(f"sample: {s!r}")
-            log({"step": step, "samples": samples})
+        # every rank samples (under FSDP each forward is collective), the same tokens; rank 0 prints them.
+        # Decoding changes shapes every token: the uncompiled module with its KV-cache
+        gen = torch.Generator(dev).manual_seed(cfg["seed"])  # its own RNG: sampling leaves training's untouched
+        prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * 4, device=dev)
+        with autocast(dev):
+            out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
+        samples = [enc.decode(row.tolist()) for row in out]
+        for s in samples:
+            print0(f"sample: {s!r}")
+        log({"step": step, "samples": samples})
         model.train()
 
     # ---------------------------------------------------------------------------------------------- training loop
     model.train()
-    last_checkpoint, stop = (f"{os.path.basename(ckpt_path)} (step {step})" if ckpt_path else "none yet"), 0
+    last_checkpoint, stop = (f"{os.path.basename(meta['path'])} (step {step})" if meta else "none yet"), 0
     while step < cfg["max_steps"]:
         t0 = time.time()
         optimizer.zero_grad(set_to_none=True)
@@ -403,9 +459,8 @@ def main(argv):
         for micro_step in range(grad_accum_steps):
             x, y = train_loader.next_batch()
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            last_micro = micro_step == grad_accum_steps - 1
-            # DDP all-reduces gradients only after the last micro-step; before it they just accumulate
-            with (contextlib.nullcontext() if last_micro or not ddp else ddp_model.no_sync()):
+            # gradients cross ranks only after the last micro-step; before it they just accumulate
+            with grad_sync(micro_step == grad_accum_steps - 1):
                 with autocast(dev):
                     _, loss = train_model(x, y)
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
@@ -416,7 +471,8 @@ def main(argv):
             dist.all_reduce(loss_accum)
             loss_accum /= world_size
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: over all shards
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
         loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             print0(f"error: non-finite loss {loss_v} or gradient norm {norm_v} at step {step + 1}: stopped before "

@@ -34,6 +34,25 @@ def test_bench_cpu_smoke(tmp_path):
     assert re.search(r"^largest: aten::", report, re.M)
 
 
+def test_presets_table():
+    """Per GPT-2 size: memory per GPU under DDP and FSDP x8 and the largest B that fits, by model.py's estimate."""
+    import bench
+    from model import GPT2_SIZES, GPTConfig, training_memory
+    lines = bench.presets(1024)
+    row = re.compile(r"^\| (\d+M) \| [\d,]+ \| ([\d.]+) GiB \| ([\d.]+) GiB \| (\d+) / (\d+) \| (\d+) / (\d+) \|$")
+    rows = [m for m in map(row.match, lines) if m]
+    assert [m.group(1) for m in rows] == list(GPT2_SIZES)
+    for m in rows:
+        config = GPTConfig(**GPT2_SIZES[m.group(1)], vocab_size=50304)
+        assert float(m.group(3)) < float(m.group(2))  # sharding saves memory
+        for (ddp, fsdp), cap in (((m.group(4), m.group(5)), 80e9), ((m.group(6), m.group(7)), 24e9)):
+            assert int(fsdp) >= int(ddp)
+            for B, shards in ((int(ddp), 1), (int(fsdp), 8)):  # B fits in 90% of the card, B + 1 does not
+                assert B == 0 or training_memory(config, B, 1024, "bf16", shards)["total"] <= 0.9 * cap
+                assert training_memory(config, B + 1, 1024, "bf16", shards)["total"] > 0.9 * cap
+    assert rows[-1].group(6) == "0" and int(rows[-1].group(7)) > 0  # GPT-2 XL on a 24 GB card: FSDP only
+
+
 def test_bench_bad_rung():
     r = subprocess.run([sys.executable, "bench.py", "--skip", "warp"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "rungs are fp32, tf32, bf16, compile, flash, vocab, fused" in r.stderr

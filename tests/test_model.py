@@ -301,7 +301,12 @@ def test_memory_estimate_by_part():
     assert (m["params"], m["grads"], m["adamw"]) == (4 * N, 4 * N, 8 * N)
     assert m["weight_copies"] == 2 * (N - 1024 * 768 - (4 * 12 + 2) * 768)
     assert m["total"] == sum(v for k, v in m.items() if k != "total")
-    assert training_memory(c, 16, 1024, "fp32")["weight_copies"] == 0
+    assert training_memory(c, 16, 1024, "fp32")["weight_copies"] == 0 and m["gathered"] == 0
+    f = training_memory(c, B=16, T=1024, shards=8)  # FSDP over 8 ranks
+    assert (f["params"], f["grads"], f["adamw"]) == (N / 2, N / 2, N)
+    block, root = 7_087_872, 50304 * 768 + 1024 * 768 + 2 * 768  # one Block; wte, wpe, ln_f
+    assert N == root + 12 * block and f["gathered"] == 2 * 4 * (root + 2 * block)
+    assert (f["weight_copies"], f["activations"]) == (m["weight_copies"], m["activations"])  # not sharded
     with pytest.raises(ValueError, match="dtype='fp16'"):
         training_memory(c, 1, 1, "fp16")
 

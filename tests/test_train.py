@@ -223,7 +223,8 @@ def test_damaged_checkpoints_are_skipped_then_refused(tmp_path, text, reference)
 
 def test_finished_run_changed_shape_and_old_checkpoints(tmp_path, text, reference):
     """A copy of the finished reference run: rerunning it does nothing; a new model shape or sequence length is
-    refused in one line; a checkpoint in the format before checksums (and per-rank loader states) resumes."""
+    refused in one line; a checkpoint in the format before checksums (per-rank loader states, optimizer state
+    by parameter index) resumes exactly."""
     ref_losses, ref_weights, ref_log = reference
     log = tmp_path / "log"
     shutil.copytree(ref_log, log)
@@ -240,6 +241,11 @@ def test_finished_run_changed_shape_and_old_checkpoints(tmp_path, text, referenc
     old = {k: v for k, v in state.items() if k != "row"}
     old.update(step=state["row"] // rows_per_step, B=4, num_processes=1)
     ckpt.update(dataloader=[old])
+    names = [n for group in ckpt["optimizer"]["param_groups"] for n in group["params"]]  # optimizer: by index
+    index = {n: i for i, n in enumerate(names)}
+    ckpt["optimizer"] = {"state": {index[n]: s for n, s in ckpt["optimizer"]["state"].items()},
+                         "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                                          for g in ckpt["optimizer"]["param_groups"]]}
     del ckpt["checksum"], ckpt["world_size"]
     torch.save(ckpt, log / "model_000006.pt")
     os.remove(log / "model_000008.pt")
@@ -299,21 +305,24 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
     assert "intact" not in r.stdout  # it says only what it checked
 
 
-def test_compile_ddp_train_hellaswag_and_sampling(tmp_path, text):
-    """torch.compile around DDP (2 gloo ranks): training, then a compiled val loss and HellaSwag, then training
-    again; the same losses as the eager run and the same HellaSwag result as an eager evaluation."""
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_compile_train_hellaswag_and_sampling(tmp_path, text, wrap):
+    """torch.compile with DDP inside it, or on the FSDP-sharded model (2 gloo ranks): training, then a compiled
+    val loss and HellaSwag (7 examples: the ranks get 4 and 3), then training again; the same losses as the
+    eager DDP run and the same HellaSwag result as an eager one-process evaluation."""
     from hellaswag import evaluate, load_examples
     from model import load_model
     from test_hellaswag import example, write_jsonl
-    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(6)])
-    args = TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=1", "--hellaswag=6",
+    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(7)])
+    args = TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=1", "--hellaswag=7",
                    f"--hellaswag_data={data}", "--total_batch_size=512"]  # 2 ranks x 2 micro-steps: no_sync too
-    r = run(args + ["--compile=True", f"--log_dir={tmp_path / 'compiled'}"], cwd=tmp_path, nproc=2)
+    r = run(args + ["--compile=True", f"--fsdp={wrap == 'fsdp'}", f"--log_dir={tmp_path / 'compiled'}"],
+            cwd=tmp_path, nproc=2)
     run(args + [f"--log_dir={tmp_path / 'eager'}"], cwd=tmp_path, nproc=2)
     log = tmp_path / "compiled"
     recs = records(log)
     hs = [rec for rec in recs if "hellaswag" in rec]
-    assert [h["step"] for h in hs] == [1, 2] and hs[-1]["hellaswag_n"] == 6 and sorted(losses(log)) == [1, 2]
+    assert [h["step"] for h in hs] == [1, 2] and hs[-1]["hellaswag_n"] == 7 and sorted(losses(log)) == [1, 2]
     assert any("samples" in rec for rec in recs) and "sample: " in r.stdout
     eager_losses = losses(tmp_path / "eager")
     for s, loss in losses(log).items():  # compiled kernels round differently, so not bitwise
@@ -337,6 +346,23 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
         DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
     kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, use_cuda, world_size)
     assert kept["B"] == 2 and kept["total_batch_size"] == 2 * kept["T"] * world_size * 2  # the command line wins
+
+
+def test_size_presets():
+    cfg, overrides = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
+                                           {"size": "350M", "n_layer": 4})
+    assert (cfg["n_layer"], cfg["n_head"], cfg["n_kv_head"], cfg["n_embd"], cfg["max_lr"]) == (4, 16, 16, 1024, 3e-4)
+    assert overrides["n_embd"] == 1024  # chosen on the command line: the CPU fallback keeps the preset's shape
+    cpu, _ = train_gpt2.apply_fallbacks(cfg, overrides, use_cuda=False, world_size=1)
+    assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
+    for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
+        cfg, _ = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": size}, {"size": size})
+        assert (cfg["n_layer"], cfg["n_embd"]) == (layers, width) and cfg["n_embd"] % cfg["n_head"] == 0
+    assert train_gpt2.apply_size(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG  # "": the settings as they are
+    from model import GPTConfig, count_params  # the presets are GPT-2's sizes
+    for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080, "1558M": 1_557_611_200}.items():
+        p = train_gpt2.SIZES[size]
+        assert count_params(GPTConfig(n_layer=p["n_layer"], n_head=p["n_head"], n_embd=p["n_embd"])) == n
 
 
 def test_lr_schedule():
@@ -366,6 +392,8 @@ def test_overrides_are_checked():
     (["--init_from=resume"], "holds no checkpoint"),
     (["--keep_checkpoints=0"], "--keep_checkpoints=0 must be at least 1"),
     (["--eval_interval=0"], "--eval_interval=0 must be at least 1"),
+    (["--fsdp=True"], "run it as `torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`"),
+    (["--size=2B"], "--size='2B': use one of 124M, 350M, 774M, 1558M"),
 ])
 def test_bad_settings(tmp_path, argv, match):
     with pytest.raises(SystemExit, match=match):

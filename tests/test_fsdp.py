@@ -1,0 +1,181 @@
+"""FSDP2 (--fsdp=True) against DDP, on 2 gloo processes, and elastic restarts under torchrun.
+
+Under sharding every forward is collective: a rank that skips one (an uneven HellaSwag split, sampling on rank
+0 only) hangs the others. Every run here has a timeout, so a hang fails the test instead of the suite.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from checkpoint import checkpoints
+from test_hellaswag import example, write_jsonl
+from test_train import ENV, SCRIPT, TINY, final_weights, loss_steps, losses, records, text  # noqa: F401 (fixture)
+
+TIMEOUT = 300  # seconds; these runs take ~15 s, a hang would take forever
+
+
+def torchrun(args, cwd, extra=(), env=None, check=True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra, SCRIPT]
+    r = subprocess.run(cmd + args, cwd=cwd, env=env or ENV, capture_output=True, text=True, timeout=TIMEOUT)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def args(text, data, log_dir):
+    # 2 ranks x 2 micro-steps; 5 HellaSwag examples: 3 on rank 0, 2 on rank 1, so rank 1 pads a batch
+    return TINY + [f"--data_root={text}", "--max_steps=8", "--eval_interval=4", "--checkpoint_interval=2",
+                   "--total_batch_size=512", "--hellaswag=5", f"--hellaswag_data={data}", "--val_steps=2",
+                   f"--log_dir={log_dir}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, text):
+    """The same 8 steps under DDP and under FSDP (2 gloo ranks each)."""
+    d = tmp_path_factory.mktemp("fsdp")
+    data = write_jsonl(d / "hs.jsonl", [example(i) for i in range(5)])
+    out = {}
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
+        out[name] = torchrun(args(text, data, d / name) + extra, cwd=d)
+    return d, data, out
+
+
+def compare(log_a, log_b, steps=range(1, 9)):
+    """Per-step losses within float rounding (the clip norm is summed in another order under FSDP) and final
+    weights tensor by tensor in relative norm (see test_train's DDP test)."""
+    a, b = losses(log_a), losses(log_b)
+    assert sorted(a) == sorted(b) == list(steps)
+    for s in a:
+        assert abs(a[s] - b[s]) <= 1e-5 * abs(a[s]), (s, a[s], b[s])
+    wa, wb = final_weights(log_a)["model"], final_weights(log_b)["model"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] - wb[k]).norm() <= 1e-3 * wa[k].norm(), k
+
+
+def test_fsdp_matches_ddp(runs):
+    d, _, out = runs
+    assert "sharded 2 ways" in out["fsdp"].stdout
+    compare(d / "ddp", d / "fsdp")
+    evals = {name: [{k: v for k, v in r.items() if k not in ("val_loss",)} for r in records(d / name)
+                    if "hellaswag" in r or "samples" in r] for name in out}
+    assert evals["ddp"] == evals["fsdp"] and len(evals["ddp"]) == 4  # HellaSwag counts and sampled text, twice
+    hs = [r for r in evals["fsdp"] if "hellaswag" in r]
+    assert [r["hellaswag_n"] for r in hs] == [5, 5]  # the padding batch was not counted
+    assert out["fsdp"].stdout.count("sample: ") == 8  # 4 samples, 2 evals, printed by rank 0 only
+    vals = {name: [r["val_loss"] for r in records(d / name) if "val_loss" in r] for name in out}
+    assert all(abs(a - b) <= 1e-5 * a for a, b in zip(vals["ddp"], vals["fsdp"]))
+    # the same file as DDP writes: full tensors, wte and lm_head stored once, optimizer state by parameter name
+    a, b = final_weights(d / "ddp"), final_weights(d / "fsdp")
+    assert b["model"]["lm_head.weight"].data_ptr() == b["model"]["transformer.wte.weight"].data_ptr()
+    assert os.path.getsize(checkpoints(d / "ddp")[-1]) == os.path.getsize(checkpoints(d / "fsdp")[-1])
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    assert "transformer.wte.weight" in b["optimizer"]["state"]
+
+
+@pytest.mark.parametrize("source, target", [("fsdp", "ddp"), ("ddp", "fsdp")])
+def test_checkpoint_resumes_under_the_other(runs, tmp_path, text, source, target):
+    """Step 6's checkpoint of one run continues under the other, and ends where that one's own run ended."""
+    d, data, _ = runs
+    log = tmp_path / "log"
+    shutil.copytree(d / source, log)
+    for path in checkpoints(log):
+        if not path.endswith("model_000006.pt"):
+            os.remove(path)
+    r = torchrun(args(text, data, log) + (["--fsdp=True"] if target == "fsdp" else []), cwd=tmp_path)
+    assert f"resuming from {log}/model_000006.pt" in r.stdout and "NOTE: fsdp changed" in r.stdout
+    compare(d / target, log)
+    assert loss_steps(log) == list(range(1, 9))
+
+
+MEMORY_CHECK = r"""
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from model import GPT, GPTConfig, training_memory
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+config = GPTConfig(block_size=64, vocab_size=50304, n_layer=3, n_head=2, n_embd=48)
+model = GPT(config)
+for block in model.transformer.h:
+    fully_shard(block)
+fully_shard(model)
+opt = model.configure_optimizers(0.1, 1e-3, "cpu")
+x = torch.randint(0, 50257, (2, 64))
+model(x, x)[1].backward()
+opt.step()
+params = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+adamw = sum(t.to_local().numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+est = training_memory(config, 2, 64, "fp32", shards=dist.get_world_size())
+print(json.dumps({"rank": dist.get_rank(), "params": params, "adamw": adamw, "est_params": est["params"],
+                  "est_adamw": est["adamw"], "full": 4 * model.num_params()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_memory_estimate_matches_what_the_shards_hold(tmp_path):
+    script = tmp_path / "check.py"
+    script.write_text(MEMORY_CHECK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    r = subprocess.run(cmd, cwd=os.path.dirname(SCRIPT), env={**ENV, "PYTHONPATH": os.path.dirname(SCRIPT)},
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert sorted(m["rank"] for m in ranks) == [0, 1]
+    for m in ranks:  # each rank holds half: dim 0 of every tensor is split, rounded up on rank 0
+        assert abs(m["params"] - m["est_params"]) <= 0.01 * m["est_params"], m
+        assert abs(m["adamw"] - m["est_adamw"]) <= 0.01 * m["est_adamw"], m
+    assert sum(m["params"] for m in ranks) == ranks[0]["full"]  # and together all of it, once
+
+
+def workers(agent_pid):
+    """{rank: pid} of the processes torchrun's agent started."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                ppid = int(next(line for line in f if line.startswith("PPid:")).split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except (OSError, StopIteration):
+            continue
+        if ppid == agent_pid and b"RANK" in env:
+            found[int(env[b"RANK"])] = int(pid)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
+def test_elastic_restart_after_kill_9(runs, tmp_path, text):
+    """torchrun --max-restarts=2: one of the two workers is killed with SIGKILL mid-run; the agent restarts
+    both, they resume from the last checkpoint, and the run ends with the uninterrupted run's weights."""
+    d, data, _ = runs
+    log = tmp_path / "log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=2",
+           SCRIPT] + args(text, data, log) + ["--fsdp=True"]
+    env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see README: a stale store can hang the restart
+    agent = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and agent.poll() is None:
+            if os.path.exists(log / "metrics.jsonl") and max(losses(log), default=0) >= 5:
+                break
+            time.sleep(0.02)
+        victims = workers(agent.pid)
+        assert set(victims) == {0, 1}, victims
+        os.kill(victims[1], signal.SIGKILL)
+        out, _ = agent.communicate(timeout=TIMEOUT)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 0, out[-3000:]
+    starts = [r for r in records(log) if r.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # restarted once, from a checkpoint
+    assert losses(log) == losses(d / "fsdp") and loss_steps(log) == list(range(1, 9))  # bit for bit
+    w, ref = final_weights(log)["model"], final_weights(d / "fsdp")["model"]
+    assert all(torch.equal(w[k], ref[k]) for k in ref)
