@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from dataloader import iter_jsonl
-from model import autocast
+from model import autocast, pick_device
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -112,7 +112,7 @@ def ending_losses(logits, tokens, mask):
 
 
 @torch.no_grad()
-def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progress=False):
+def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progress=False, dtype="auto"):
     """acc and acc_norm of model (a callable idx -> (logits, loss), compiled or not) on examples.
 
     Rank r of world_size scores examples r, r + world_size, ...; with torch.distributed initialised the
@@ -129,7 +129,7 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
     for start in tqdm(range(0, most, batch_size), desc="hellaswag", unit="batch", disable=not progress):
         batch = mine[start:start + batch_size]
         if not batch:  # this rank is done, but another still runs a (collective) forward
-            with autocast(device):
+            with autocast(device, dtype):
                 model(torch.zeros(4 * batch_size, BUCKET, dtype=torch.long, device=device))
             continue
         longest = max(len(r) for _, (rows, _), _ in batch for r in rows)
@@ -141,7 +141,7 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
                 tokens[4 * b + j, :len(rows[j])] = torch.tensor(rows[j])
                 mask[4 * b + j, :len(masks[j])] = torch.tensor(masks[j], dtype=torch.float)
         tokens, mask = tokens.to(device), mask.to(device)
-        with autocast(device):
+        with autocast(device, dtype):
             logits, _ = model(tokens)
         total, mean = ending_losses(logits, tokens, mask)
         n = len(batch)
@@ -157,7 +157,7 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
 
 
 @torch.no_grad()
-def evaluate_unbatched(model, examples, device, progress=False):
+def evaluate_unbatched(model, examples, device, progress=False, dtype="auto"):
     """The plain reference: one example (its 4 rows, no padding) per forward. Same results as evaluate()."""
     enc = get_encoding()
     predictions = []
@@ -166,7 +166,7 @@ def evaluate_unbatched(model, examples, device, progress=False):
         T = max(len(r) for r in rows)
         tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=device)
         mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float, device=device)
-        with autocast(device):
+        with autocast(device, dtype):
             logits, _ = model(tokens)
         total, mean = ending_losses(logits, tokens, mask)
         predictions.append((i, total.argmin().item(), mean.argmin().item()))
@@ -185,7 +185,7 @@ def main():
     parser.add_argument("--data", default=None, help="hellaswag_val.jsonl or a save_to_disk folder "
                         "(default: download once into hellaswag_data/)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--batch_size", type=int, default=16, help="examples per forward (4 rows each)")
     parser.add_argument("--unbatched", action="store_true", help="one example per forward: the slow reference")
     args = parser.parse_args()
@@ -194,7 +194,10 @@ def main():
 
     from model import load_model
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = args.device
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if world_size > 1:  # launched by torchrun
         import torch.distributed as dist
         if device.startswith("cuda"):

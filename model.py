@@ -315,11 +315,39 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
 
-def autocast(device):
-    """The project's mixed precision: bf16 autocast on CUDA; float32 elsewhere."""
-    if torch.device(device).type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def pick_device(name="auto"):
+    """The device to run on: "auto" is cuda, then mps (Apple GPUs), then cpu; a device that is named but not
+    there is a ValueError that says so."""
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available, "cpu": lambda: True}
+    if name == "auto":
+        return next(kind for kind, there in available.items() if there())
+    if name not in available:
+        raise ValueError(f"--device={name!r}: use auto, cuda, mps or cpu")
+    if not available[name]():
+        raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks cuda, "
+                         f"mps or cpu, whichever is there)")
+    return name
+
+
+def resolve_dtype(dtype, device):
+    """The compute dtype: "auto" is bf16 on a CUDA GPU that has it (Ampere and later), fp16 with loss scaling on
+    one that has not (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
+    kind = torch.device(device).type
+    if dtype == "auto":
+        return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if kind == "cuda" else "fp32"
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"--dtype={dtype!r}: use auto, bf16, fp16 or fp32")
+    if dtype != "fp32" and not torch.amp.is_autocast_available(kind):
+        raise ValueError(f"--dtype={dtype}: this torch has no autocast on {kind}; use --dtype=fp32")
+    return dtype
+
+
+def autocast(device, dtype="auto"):
+    """The project's mixed precision: matmuls in bf16 or fp16 under autocast (see resolve_dtype), or fp32."""
+    dtype = resolve_dtype(dtype, device)
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
 def download_gpt2(name):
@@ -426,7 +454,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     """Estimated training memory in bytes per process, by part, for micro-batch B x T with AdamW and fp32
     master weights; shards > 1: FSDP over that many ranks.
 
-    dtype is the compute dtype: "bf16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
+    dtype is the compute dtype: "bf16" or "fp16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
     params, grads: 4 bytes a parameter each; adamw: exp_avg + exp_avg_sq, 8 bytes a parameter;
     weight_copies: under autocast the bf16 casts of the matmul weights are cached for the step, 2 bytes each.
     activations: what autograd keeps for backward, per token and layer:
@@ -442,9 +470,9 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     stays gathered from forward to backward; two blocks at a time, one of them prefetched). The autocast
     weight copies are made from gathered parameters and kept until backward: they are not sharded.
     Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
-    if dtype not in ("bf16", "fp32"):
-        raise ValueError(f"dtype={dtype!r}: use 'bf16' (autocast) or 'fp32'")
-    a = 2 if dtype == "bf16" else 4  # bytes per activation in the compute dtype
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
+    a = 4 if dtype == "fp32" else 2  # bytes per activation in the compute dtype
     C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
     N = count_params(config)
     layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
@@ -457,7 +485,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
         "grads": 4 * N / shards,
         "adamw": 8 * N / shards,
         "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
-        "weight_copies": 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C) if dtype == "bf16" else 0,
+        "weight_copies": 0 if dtype == "fp32" else 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C),
         "activations": B * T * (blocks + head),
     }
     parts["total"] = sum(parts.values())

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from model import autocast, load_model
+from model import autocast, load_model, pick_device
 from tokenizer import get_encoding
 
 
@@ -24,6 +24,8 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     if idx.is_cuda:
         torch.cuda.synchronize()
+    elif idx.device.type == "mps":
+        torch.mps.synchronize()
     return [enc.decode(row.tolist()) for row in out], num_samples * max_new_tokens / (time.time() - t0)
 
 
@@ -37,7 +39,7 @@ def main():
     parser.add_argument("--temperature", type=float, default=1.0, help="< 1 sharper, > 1 more random")
     parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest tokens (0 = all)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     args = parser.parse_args()
     if args.num_samples < 1 or args.max_new_tokens < 1:
         parser.error("--num_samples and --max_new_tokens must be >= 1")
@@ -48,17 +50,18 @@ def main():
                 prompt = f.read()
         except FileNotFoundError:
             parser.error(f"prompt file {prompt[5:]} does not exist")
-    try:  # expected mistakes (a missing or damaged file, no network) end in one line
+    try:  # expected mistakes (a missing or damaged file, no network, no such device) end in one line
+        device = pick_device(args.device)
         model = load_model(args.model)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
-    model.to(args.device).eval()
+    model.to(device).eval()
     texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
-                          args.top_k or None, args.seed, args.device)
+                          args.top_k or None, args.seed, device)
     for text in texts:
         print(text)
         print("-" * 80)
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {args.device}")
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {device}")
 
 
 if __name__ == "__main__":

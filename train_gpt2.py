@@ -26,7 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import CheckpointError, checkpoints, gather_state, load_state, newest_valid, save_checkpoint
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
-from model import GPT, GPT2_SIZES, GPTConfig, autocast, mfu, peak_flops, training_memory
+from model import (GPT, GPT2_SIZES, GPTConfig, autocast, mfu, peak_flops, pick_device, resolve_dtype,
+                   training_memory)
 from tokenizer import get_encoding
 
 # ------------------------------------------------------------------------------------------------------------
@@ -59,7 +60,9 @@ init_from = "scratch"  # scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | r
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
 fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU's memory
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
-device = "auto"  # auto (cuda if available), cuda or cpu
+device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
+dtype = "auto"  # auto: bf16 where the GPU has it, else fp16 with loss scaling on CUDA, else fp32; or bf16/fp16/fp32
+loss_scale = 65536.0  # fp16 only: the first loss scale (lowered after an overflow, raised after 2000 clean steps)
 log_dir = "log"
 seed = 1337
 # ------------------------------------------------------------------------------------------------------------
@@ -113,6 +116,41 @@ def apply_size(cfg, overrides):
                          f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
     preset = {k: v for k, v in SIZES[cfg["size"]].items() if k not in overrides}
     return {**cfg, **preset}, ({**overrides, **preset} if "size" in overrides else overrides)
+
+
+def compile_probe(device):
+    """None if torch.compile's default backend works on this device, else why not. Inductor needs triton on a
+    GPU and a C++ compiler on a CPU; finding out costs a few seconds here, not minutes into a run."""
+    try:
+        probe = torch.compile(lambda x: (x * 2).sin().sum())
+        probe(torch.ones(8, device=device)).item()
+        return None
+    except Exception as e:  # whatever the backend raises: no triton, no compiler, an unsupported GPU
+        return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    finally:
+        torch._dynamo.reset()
+
+
+def runtime(cfg, kind, local_rank):
+    """Every device-dependent choice, made once: (device, dtype, compile, notes). device: cuda:<local rank>,
+    mps or cpu (kind, from pick_device); dtype: what autocast computes in (resolve_dtype; fp16 brings loss
+    scaling); compile: cfg's, unless the device cannot (Apple GPUs: not supported; elsewhere: compile_probe).
+    TF32 matmuls and fused AdamW follow from the device: CUDA only."""
+    dev = f"cuda:{local_rank}" if kind == "cuda" else kind
+    if kind == "cuda":
+        torch.cuda.set_device(dev)
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
+    dtype, notes, use_compile = resolve_dtype(cfg["dtype"], kind), [], cfg["compile"]
+    if use_compile and kind == "mps":
+        notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
+        use_compile = False
+    elif use_compile:
+        why = compile_probe(dev)
+        if why:
+            notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
+                         f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
+            use_compile = False
+    return dev, dtype, use_compile, notes
 
 
 def wrap_model(raw_model, cfg, distributed, device_ids):
@@ -259,21 +297,26 @@ def main(argv):
         if master:
             print(*args, flush=True)
 
-    use_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
-    if cfg["device"] not in ("auto", "cuda", "cpu"):
-        raise SystemExit(f"error: --device={cfg['device']!r}: use auto, cuda or cpu")
-    if use_cuda and not torch.cuda.is_available():
-        raise SystemExit("error: --device=cuda but torch sees no CUDA device")
-    dev = f"cuda:{local_rank}" if use_cuda else "cpu"
-    if use_cuda:
-        torch.cuda.set_device(dev)
+    try:
+        kind = pick_device(cfg["device"])
+        resolve_dtype(cfg["dtype"], kind)  # a bad --dtype fails here, before any process group
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    use_cuda = kind == "cuda"
     if cfg["fsdp"] and not ddp:
         raise SystemExit("error: --fsdp=True shards the model over the processes torchrun starts: run it as "
                          "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
-    if ddp:  # NCCL between GPUs, gloo between CPU processes
+    if ddp:  # NCCL between GPUs, gloo between CPU processes (and Apple GPUs)
         dist.init_process_group("nccl" if use_cuda else "gloo")
 
     cfg, fallbacks = apply_fallbacks(cfg, overrides, use_cuda, world_size)
+    dev, dtype, cfg["compile"], notes = runtime(cfg, kind, local_rank)
+    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(kind, lambda: None)  # for timing
+    if ddp:  # every rank runs the same way: compiled only if it works everywhere
+        everywhere = [None] * world_size
+        dist.all_gather_object(everywhere, cfg["compile"])
+        cfg["compile"] = all(everywhere)
+    fallbacks += notes
     for f in fallbacks:
         print0(f"NOTE: {f}")
 
@@ -334,8 +377,6 @@ def main(argv):
 
     # ---------------------------------------------------------------------------------------------- model
     torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
-    if use_cuda:
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
     try:  # expected mistakes (a bad model name or shape, missing data) end in one line
         if meta is not None:
             model_config = GPTConfig(**{**meta["model_config"], "grad_checkpoint": cfg["grad_checkpoint"]})
@@ -359,7 +400,10 @@ def main(argv):
         raise SystemExit(f"error: {e}") from None
     raw_model.to(dev)
     train_model, model, grad_sync = wrap_model(raw_model, cfg, ddp, [local_rank] if use_cuda else None)
-    optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], "cuda" if use_cuda else "cpu")
+    optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], kind)
+    # fp16 overflows where bf16 does not: the loss is scaled up before backward and the gradients unscaled
+    # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
+    scaler = torch.amp.GradScaler(kind, init_scale=cfg["loss_scale"], enabled=dtype == "fp16")
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
 
     step = 0
@@ -368,6 +412,8 @@ def main(argv):
         load_state(raw_model, optimizer, ckpt, ddp)  # rank 0's checkpoint into every rank's (shard of the) model
         for group, wd in zip(optimizer.param_groups, decay):  # the saved groups bring the old weight decay
             group["weight_decay"] = wd
+        if scaler.is_enabled() and meta.get("scaler"):  # fp16: continue with the loss scale it had reached
+            scaler.load_state_dict(meta["scaler"])
         torch.set_rng_state(meta["rng"]["cpu"])
         if use_cuda and meta["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(meta["rng"]["cuda"])
@@ -383,7 +429,7 @@ def main(argv):
                 f.write(json.dumps(record) + "\n")
 
     shards = world_size if cfg["fsdp"] else 1
-    mem = training_memory(model_config, B, T, "bf16" if use_cuda else "fp32", shards)
+    mem = training_memory(model_config, B, T, dtype, shards)
     print0(f"config: {json.dumps(cfg)}")
     print0(f"model: {raw_model.num_params():,} parameters, {model_config}")
     print0(f"data: {cfg['data_root']}, {train_loader.tokens_total:,} train tokens, "
@@ -410,6 +456,7 @@ def main(argv):
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model_config),
                              "optimizer": optimizer_state, "step": step, "config": cfg,
                              "world_size": world_size, "dataloader": train_loader.state_dict(),
+                             "scaler": scaler.state_dict(),
                              "rng": {"cpu": torch.get_rng_state(),
                                      "cuda": torch.cuda.get_rng_state(dev) if use_cuda else None}}, path)
             for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
@@ -424,7 +471,7 @@ def main(argv):
             val_loss = torch.zeros((), device=dev)
             for _ in range(cfg["val_steps"]):
                 x, y = val_loader.next_batch()
-                with autocast(dev):
+                with autocast(dev, dtype):
                     _, loss = model(x.to(dev), y.to(dev))
                 val_loss += loss.detach() / cfg["val_steps"]
             if ddp:
@@ -434,14 +481,14 @@ def main(argv):
         log({"step": step, "val_loss": val_loss.item()})
         if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
             per_forward = max(1, B * T // (4 * 192))  # 4 rows of <= 192 tokens an example: a micro-batch's tokens
-            hs = hellaswag_eval(model, examples, dev, per_forward, rank, world_size)
+            hs = hellaswag_eval(model, examples, dev, per_forward, rank, world_size, dtype=dtype)
             print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
             log({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"], "hellaswag_n": hs["n"]})
         # every rank samples (under FSDP each forward is collective), the same tokens; rank 0 prints them.
         # Decoding changes shapes every token: the uncompiled module with its KV-cache
         gen = torch.Generator(dev).manual_seed(cfg["seed"])  # its own RNG: sampling leaves training's untouched
         prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * 4, device=dev)
-        with autocast(dev):
+        with autocast(dev, dtype):
             out = raw_model.generate(prompt, 32 - prompt.size(1), top_k=50, generator=gen)
         samples = [enc.decode(row.tolist()) for row in out]
         for s in samples:
@@ -461,20 +508,24 @@ def main(argv):
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             # gradients cross ranks only after the last micro-step; before it they just accumulate
             with grad_sync(micro_step == grad_accum_steps - 1):
-                with autocast(dev):
+                with autocast(dev, dtype):
                     _, loss = train_model(x, y)
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
                 loss_accum += loss.detach()
-                loss.backward()
+                scaler.scale(loss).backward()
         stop = torch.tensor([float(stop_signal[0])], device=dev)
         if ddp:
             dist.all_reduce(loss_accum)
             loss_accum /= world_size
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: over all shards
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
         loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
-        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+        # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips the update
+        # and lowers the scale), not a diverged run; a non-finite loss, or gradient norm without fp16, is
+        skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
+        if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             print0(f"error: non-finite loss {loss_v} or gradient norm {norm_v} at step {step + 1}: stopped before "
                    f"its update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then "
                    f"rerun to resume from the newest checkpoint that verifies")
@@ -485,18 +536,20 @@ def main(argv):
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.step()
-        if use_cuda:
-            torch.cuda.synchronize()  # wait for the GPU before reading the clock
+        scale = scaler.get_scale() if scaler.is_enabled() else None
+        scaler.step(optimizer)  # optimizer.step(), unless fp16 gradients overflowed
+        scaler.update()
+        sync()  # wait for the GPU before reading the clock
         dt = time.time() - t0
         step += 1
         tok_s = cfg["total_batch_size"] / dt
         util = mfu(model_config, tok_s / world_size, peak, T)
         print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm "
                f"{norm_v:.4f} | {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
-               + ("n/a" if util is None else f"{util:.1%}"))
+               + ("n/a" if util is None else f"{util:.1%}")
+               + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
         log({"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
-             "tok_s": tok_s, "mfu": util})
+             "tok_s": tok_s, "mfu": util} | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
         last = step == cfg["max_steps"]
         if step % cfg["eval_interval"] == 0 or last:
             evaluate()

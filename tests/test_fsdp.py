@@ -95,6 +95,20 @@ def test_checkpoint_resumes_under_the_other(runs, tmp_path, text, source, target
     assert loss_steps(log) == list(range(1, 9))
 
 
+def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
+    """fp16 loss scaling over shards: an overflow in any rank's shard skips the step on every rank, as DDP."""
+    base = TINY + [f"--data_root={text}", "--max_steps=3", "--eval_interval=3", "--checkpoint_interval=3",
+                   "--total_batch_size=512", "--dtype=fp16", "--loss_scale=1048576"]
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
+        torchrun(base + [f"--log_dir={tmp_path / name}"] + extra, cwd=tmp_path)
+    recs = {name: [r for r in records(tmp_path / name) if "loss" in r and "event" not in r] for name in ("ddp", "fsdp")}
+    assert [r["skipped"] for r in recs["ddp"]] == [r["skipped"] for r in recs["fsdp"]]
+    assert any(r["skipped"] for r in recs["ddp"]) and not all(r["skipped"] for r in recs["ddp"])
+    for a, b in zip(recs["ddp"], recs["fsdp"]):  # (weights: 2 Adam steps from zero biases amplify fp16 rounding)
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a, b)
+    assert final_weights(tmp_path / "fsdp")["scaler"] == final_weights(tmp_path / "ddp")["scaler"]
+
+
 MEMORY_CHECK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard

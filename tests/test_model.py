@@ -307,8 +307,9 @@ def test_memory_estimate_by_part():
     block, root = 7_087_872, 50304 * 768 + 1024 * 768 + 2 * 768  # one Block; wte, wpe, ln_f
     assert N == root + 12 * block and f["gathered"] == 2 * 4 * (root + 2 * block)
     assert (f["weight_copies"], f["activations"]) == (m["weight_copies"], m["activations"])  # not sharded
-    with pytest.raises(ValueError, match="dtype='fp16'"):
-        training_memory(c, 1, 1, "fp16")
+    assert training_memory(c, 16, 1024, "fp16") == m  # 2 bytes too
+    with pytest.raises(ValueError, match="dtype='fp8'"):
+        training_memory(c, 1, 1, "fp8")
 
 
 def _saved_bytes(model, x, y, dtype):
@@ -384,3 +385,33 @@ def test_generate_errors():
         m.generate(idx, 1, temperature=0)
     with pytest.raises(ValueError, match="top_k=0"):
         m.generate(idx, 1, top_k=0)
+
+
+# ---------------------------------------------------------------------------------------------- devices, precision
+
+def test_pick_device_and_dtype(monkeypatch):
+    from model import autocast, pick_device, resolve_dtype
+    gpus = {"cuda": False, "mps": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["cuda"])
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: gpus["mps"])
+    assert pick_device() == "cpu" and resolve_dtype("auto", "cpu") == "fp32"
+    with pytest.raises(ValueError, match="--device=mps but torch sees no mps device"):
+        pick_device("mps")
+    gpus["mps"] = True  # an Apple GPU: picked when there is no CUDA, fp32 unless asked otherwise
+    assert pick_device() == "mps" and pick_device("mps") == "mps" and resolve_dtype("auto", "mps") == "fp32"
+    gpus["cuda"] = True
+    assert pick_device() == "cuda"
+    for bf16, want in ((True, "bf16"), (False, "fp16")):  # Ampere and later; V100 / T4 / RTX 20xx
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+        assert resolve_dtype("auto", "cuda:0") == want
+    assert resolve_dtype("fp32", "cuda") == "fp32" and resolve_dtype("bf16", "cpu") == "bf16"
+    with pytest.raises(ValueError, match="--device='tpu'"):
+        pick_device("tpu")
+    with pytest.raises(ValueError, match="--dtype='half'"):
+        resolve_dtype("half", "cpu")
+    with autocast("cpu", "fp16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+    with autocast("cpu", "bf16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast("cpu"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

@@ -256,6 +256,43 @@ def test_finished_run_changed_shape_and_old_checkpoints(tmp_path, text, referenc
     assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
 
 
+def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, text):
+    """--dtype=fp16 on the CPU: too high a first loss scale overflows the fp16 gradients; those steps are logged
+    as skipped (not taken for a diverged run) while the scale halves, then training goes on. The scaler's state
+    is in the checkpoint: a SIGKILL and resume give the uninterrupted run's losses and weights, bit for bit."""
+    args = RESUME_ARGS(text) + ["--dtype=fp16", "--loss_scale=1048576"]
+    ref = tmp_path / "ref"
+    r = run(args + [f"--log_dir={ref}"], cwd=tmp_path)
+    recs = [rec for rec in records(ref) if "loss" in rec and "event" not in rec]
+    skipped = [rec["step"] for rec in recs if rec["skipped"]]
+    assert skipped and skipped == list(range(1, len(skipped) + 1)) and len(skipped) < 6, skipped
+    assert [rec["loss_scale"] for rec in recs[:len(skipped) + 1]] == [2 ** (20 - i) for i in range(len(skipped) + 1)]
+    assert "skipped: fp16 gradients overflowed at loss scale 1.04858e+06" in r.stdout and "non-finite" not in r.stdout
+    assert recs[-1]["loss"] < recs[len(skipped)]["loss"]  # it trains after the skips
+    assert final_weights(ref)["scaler"]["scale"] == 2 ** (20 - len(skipped))
+    log = str(tmp_path / "log")
+    code, _ = start_and_signal(args + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    run(args + [f"--log_dir={log}"], cwd=tmp_path)
+    assert losses(log) == losses(ref)
+    w, w_ref = final_weights(log)["model"], final_weights(ref)["model"]
+    assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
+
+
+def test_bf16_on_cpu_and_compile_that_cannot_work(tmp_path, text):
+    """--dtype=bf16 runs on the CPU too. compile=True where inductor cannot work (here: no C++ compiler) is
+    found out by a probe before training: one NOTE, then the run goes on eager; the log says compile false."""
+    env = {**ENV, "CXX": "/nonexistent/g++"}
+    r = subprocess.run([sys.executable, SCRIPT] + TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=2",
+                        "--dtype=bf16", "--compile=True", f"--log_dir={tmp_path / 'log'}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "NOTE: compile=True but torch.compile does not work here (" in r.stdout and "running eager" in r.stdout
+    start = records(tmp_path / "log")[0]
+    assert start["config"]["compile"] is False and start["config"]["dtype"] == "bf16"
+    assert sorted(losses(tmp_path / "log")) == [1, 2]
+
+
 @pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
 def test_expected_mistakes_are_one_line(tmp_path, case):
     from dataloader import shard_path, write_shard
@@ -305,26 +342,34 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
     assert "intact" not in r.stdout  # it says only what it checked
 
 
+@pytest.fixture(scope="module")
+def eager_ddp(tmp_path_factory, text):
+    """2 gloo ranks x 2 micro-steps (no_sync too), eager, evaluating after each of 2 steps: (args, log_dir)."""
+    from test_hellaswag import example, write_jsonl
+    d = tmp_path_factory.mktemp("eager")
+    data = write_jsonl(d / "hs.jsonl", [example(i) for i in range(7)])
+    args = TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=1", "--hellaswag=7",
+                   f"--hellaswag_data={data}", "--total_batch_size=512"]
+    run(args + [f"--log_dir={d / 'eager'}"], cwd=d, nproc=2)
+    return args, data, d / "eager"
+
+
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
-def test_compile_train_hellaswag_and_sampling(tmp_path, text, wrap):
+def test_compile_train_hellaswag_and_sampling(tmp_path, eager_ddp, wrap):
     """torch.compile with DDP inside it, or on the FSDP-sharded model (2 gloo ranks): training, then a compiled
     val loss and HellaSwag (7 examples: the ranks get 4 and 3), then training again; the same losses as the
     eager DDP run and the same HellaSwag result as an eager one-process evaluation."""
     from hellaswag import evaluate, load_examples
     from model import load_model
-    from test_hellaswag import example, write_jsonl
-    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(7)])
-    args = TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=1", "--hellaswag=7",
-                   f"--hellaswag_data={data}", "--total_batch_size=512"]  # 2 ranks x 2 micro-steps: no_sync too
+    args, data, eager_log = eager_ddp
     r = run(args + ["--compile=True", f"--fsdp={wrap == 'fsdp'}", f"--log_dir={tmp_path / 'compiled'}"],
             cwd=tmp_path, nproc=2)
-    run(args + [f"--log_dir={tmp_path / 'eager'}"], cwd=tmp_path, nproc=2)
     log = tmp_path / "compiled"
     recs = records(log)
     hs = [rec for rec in recs if "hellaswag" in rec]
     assert [h["step"] for h in hs] == [1, 2] and hs[-1]["hellaswag_n"] == 7 and sorted(losses(log)) == [1, 2]
     assert any("samples" in rec for rec in recs) and "sample: " in r.stdout
-    eager_losses = losses(tmp_path / "eager")
+    eager_losses = losses(eager_log)
     for s, loss in losses(log).items():  # compiled kernels round differently, so not bitwise
         assert math.isclose(loss, eager_losses[s], rel_tol=1e-5), (s, loss, eager_losses[s])
     # the compiled evaluator (examples split over the ranks) agrees with an eager one-process evaluation
@@ -388,12 +433,14 @@ def test_overrides_are_checked():
     (["--total_batch_size=1000"], r"total_batch_size=1000 is not a multiple of B\*T\*world_size = 4\*32\*1"),
     (["--T=2048"], "T=2048 exceeds block_size=1024"),
     (["--data_root=nowhere"], "data_root nowhere does not exist"),
-    (["--device=tpu"], "--device='tpu'"),
+    (["--device=tpu"], "--device='tpu': use auto, cuda, mps or cpu"),
     (["--init_from=resume"], "holds no checkpoint"),
     (["--keep_checkpoints=0"], "--keep_checkpoints=0 must be at least 1"),
     (["--eval_interval=0"], "--eval_interval=0 must be at least 1"),
     (["--fsdp=True"], "run it as `torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`"),
     (["--size=2B"], "--size='2B': use one of 124M, 350M, 774M, 1558M"),
+    (["--device=mps"], "--device=mps but torch sees no mps device here"),
+    (["--dtype=fp8"], "--dtype='fp8': use auto, bf16, fp16 or fp32"),
 ])
 def test_bad_settings(tmp_path, argv, match):
     with pytest.raises(SystemExit, match=match):
