@@ -268,7 +268,7 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
         for mode, shards in (("DDP", 1), ("FSDP", gpus)):
             one, two = (training_memory(config, B, T, "bf16", shards)["total"] for B in (1, 2))
             per[mode] = (one, two - one)  # bytes at B=1, bytes per further sequence
-        fits = [" / ".join(str(max(0, int((0.9 * cap - one) // step) + 1)) if one <= 0.9 * cap else "0"
+        fits = [" / ".join(str(int((0.9 * cap - one) // step) + 1 if one <= 0.9 * cap else 0)
                            for one, step in per.values()) for _, cap in cards]
         row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | {fmt_bytes(per['FSDP'][0])} | "
                + " | ".join(fits) + " |")

@@ -62,7 +62,8 @@ def save_checkpoint(state, path):
 
 def load_checkpoint(path):
     """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it.
-    Checkpoints written before checksums existed have checksum None and load unverified."""
+    Checkpoints written before checksums existed have checksum None and load unverified; their per-rank
+    loader states become one (the first rank's) and world_size."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -76,6 +77,8 @@ def load_checkpoint(path):
     if stored is not None and checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != stored:
         raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum")
     ckpt.setdefault("checksum", None)
+    if isinstance(ckpt.get("dataloader"), list):  # written before one loader state served every rank
+        ckpt["world_size"], ckpt["dataloader"] = len(ckpt["dataloader"]), ckpt["dataloader"][0]
     return ckpt
 
 

@@ -157,8 +157,8 @@ def complete_shards(out_dir, prefix, fingerprint):
         try:
             header = read_header(path)
         except ValueError:
-            later = [p for p in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
-                     if int(p[-10:-4]) >= len(headers)]  # {prefix}_{split}_{index:06d}.bin
+            later = list(itertools.takewhile(os.path.exists, (shard_name(out_dir, prefix, i)
+                                                              for i in itertools.count(len(headers)))))
             print(f"fineweb: {path} is damaged (wrong header or size): writing it and the {len(later) - 1} shards "
                   f"after it again")
             for p in later:

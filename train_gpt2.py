@@ -132,15 +132,16 @@ def compile_probe(device):
 
 
 def runtime(cfg, kind, local_rank):
-    """Every device-dependent choice, made once: (device, dtype, compile, notes). device: cuda:<local rank>,
-    mps or cpu (kind, from pick_device); dtype: what autocast computes in (resolve_dtype; fp16 brings loss
-    scaling); compile: cfg's, unless the device cannot (Apple GPUs: not supported; elsewhere: compile_probe).
-    TF32 matmuls and fused AdamW follow from the device: CUDA only."""
+    """The device-dependent choices, made once: (device, sync, compile, notes). kind is pick_device's (cuda,
+    mps or cpu), the compute dtype resolve_dtype's (fp16 brings loss scaling). device: cuda:<local rank> or
+    kind; sync: waits for the device (for timing); compile: cfg's, unless the device cannot (Apple GPUs: not
+    supported; elsewhere: compile_probe). TF32 matmuls and fused AdamW follow from the device: CUDA only."""
     dev = f"cuda:{local_rank}" if kind == "cuda" else kind
     if kind == "cuda":
         torch.cuda.set_device(dev)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-    dtype, notes, use_compile = resolve_dtype(cfg["dtype"], kind), [], cfg["compile"]
+    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(kind, lambda: None)
+    notes, use_compile = [], cfg["compile"]
     if use_compile and kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
         use_compile = False
@@ -150,7 +151,7 @@ def runtime(cfg, kind, local_rank):
             notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
                          f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
             use_compile = False
-    return dev, dtype, use_compile, notes
+    return dev, sync, use_compile, notes
 
 
 def wrap_model(raw_model, cfg, distributed, device_ids):
@@ -299,7 +300,7 @@ def main(argv):
 
     try:
         kind = pick_device(cfg["device"])
-        resolve_dtype(cfg["dtype"], kind)  # a bad --dtype fails here, before any process group
+        dtype = resolve_dtype(cfg["dtype"], kind)  # a bad --device or --dtype fails here, before any process group
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     use_cuda = kind == "cuda"
@@ -310,8 +311,7 @@ def main(argv):
         dist.init_process_group("nccl" if use_cuda else "gloo")
 
     cfg, fallbacks = apply_fallbacks(cfg, overrides, use_cuda, world_size)
-    dev, dtype, cfg["compile"], notes = runtime(cfg, kind, local_rank)
-    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(kind, lambda: None)  # for timing
+    dev, sync, cfg["compile"], notes = runtime(cfg, kind, local_rank)
     if ddp:  # every rank runs the same way: compiled only if it works everywhere
         everywhere = [None] * world_size
         dist.all_gather_object(everywhere, cfg["compile"])
@@ -356,8 +356,7 @@ def main(argv):
             meta = broadcast_object(meta)
         if "error" in meta:
             raise SystemExit(f"error: {meta['error']}")
-        saved_world = meta.get("world_size", len(meta["dataloader"]) if isinstance(meta["dataloader"], list) else 1)
-        cfg, changes = resume_settings(meta["config"], cfg, saved_world, world_size, cfg["log_dir"])
+        cfg, changes = resume_settings(meta["config"], cfg, meta["world_size"], world_size, cfg["log_dir"])
         if meta["step"] >= cfg["max_steps"]:
             print0(f"the run in {cfg['log_dir']} is already finished at step {meta['step']} (max_steps="
                    f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
@@ -392,8 +391,7 @@ def main(argv):
         train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
         val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
         if meta is not None:
-            train_loader.load_state_dict(meta["dataloader"][0] if isinstance(meta["dataloader"], list)
-                                         else meta["dataloader"])
+            train_loader.load_state_dict(meta["dataloader"])
         examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
         enc = get_encoding()
     except (OSError, ValueError) as e:
@@ -523,7 +521,7 @@ def main(argv):
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
         loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
         # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips the update
-        # and lowers the scale), not a diverged run; a non-finite loss, or gradient norm without fp16, is
+        # and lowers the scale), not a diverged run; a non-finite loss, or gradient norm without fp16, stops it
         skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
         if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             print0(f"error: non-finite loss {loss_v} or gradient norm {norm_v} at step {step + 1}: stopped before "
