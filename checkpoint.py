@@ -95,27 +95,29 @@ def newest_valid(log_dir, note=print):
                           f"or start afresh with --log_dir=NEW")
 
 
-def gather_state(model, optimizer):
+def gather_state(model, optimizers):
     """(model state, optimizer state): full, on the CPU, on rank 0 ({} on the others); the optimizer's state
-    keyed by parameter name. Under FSDP every rank must call it (it all-gathers the shards)."""
+    keyed by parameter name (one dict for a list of optimizers). Under FSDP every rank must call it (it
+    all-gathers the shards)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
     if "lm_head.weight" in model_state:  # gathered, the tied matrix comes back twice: store it once, as unsharded
         model_state["lm_head.weight"] = model_state["transformer.wte.weight"]
-    return model_state, get_optimizer_state_dict(model, optimizer, options=options)
+    return model_state, get_optimizer_state_dict(model, optimizers, options=options)
 
 
-def load_state(model, optimizer, ckpt, distributed):
+def load_state(model, optimizers, ckpt, distributed):
     """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
     Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts.
     Optimizer states saved before they were keyed by parameter name (by index) are converted."""
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
     if optim_state and all(isinstance(k, int) for k in optim_state["state"]):
         names = {id(p): name for name, p in model.named_parameters()}
-        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]  # index -> name
+        groups = [g for opt in optimizers for g in opt.param_groups]
+        order = [names[id(p)] for group in groups for p in group["params"]]  # index -> name
         optim_state = {"state": {order[i]: s for i, s in optim_state["state"].items()},
                        "param_groups": [{**g, "params": [order[i] for i in g["params"]]}
                                         for g in optim_state["param_groups"]]}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)
-    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+    set_optimizer_state_dict(model, optimizers, optim_state, options=options)

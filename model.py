@@ -9,6 +9,8 @@ import dataclasses
 import json
 import math
 import os
+import platform
+import re
 from typing import Optional
 
 import torch
@@ -96,7 +98,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
-        mask, causal = None, T > 1
+        mask, causal = None, True  # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
         if cache is not None:
             pos = cache.pos
             k, v = cache.update(self.layer, k, v)  # (B, n_kv, pos+T, hs)
@@ -172,9 +174,10 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, reduction="mean"):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean cross-entropy
-        (targets of -1 are ignored). With a KVCache, idx holds only the tokens after those already cached."""
+        (targets of -1 are ignored), or with reduction="none" each token's, (B*T,). With a KVCache, idx holds
+        only the tokens after those already cached."""
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
@@ -191,7 +194,8 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
+                                   reduction=reduction)
         return logits, loss
 
     # ----------------------------------------------------------------------------------------------------
@@ -207,6 +211,20 @@ class GPT(nn.Module):
         # the fused kernel does the whole update in a few launches instead of several per tensor
         fused = device_type == "cuda" if fused is None else fused
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+    def configure_muon(self, weight_decay, adamw_lr, muon_lr, device_type):
+        """[Muon, AdamW]: torch.optim.Muon for the blocks' weight matrices (attention and MLP: each update is
+        orthogonalized, so every direction of the matrix moves alike), AdamW for the rest (embeddings = lm_head,
+        biases, LayerNorm), which Muon is not meant for. Muon's step is scaled to AdamW's update size
+        (match_rms_adamw), so its learning rate is of AdamW's order."""
+        matrices = [p for n, p in self.transformer.h.named_parameters() if p.dim() == 2]
+        ids = {id(p) for p in matrices}
+        rest = [p for p in self.parameters() if id(p) not in ids]
+        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+        muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+        adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")
+        return [muon, adamw]
 
     # ----------------------------------------------------------------------------------------------------
     # sampling
@@ -313,6 +331,25 @@ class GPT(nn.Module):
         embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+
+def device_name(device):
+    """A device's name for logs and reports: the GPU's; for a CPU its model and cores, and whether it has bf16
+    matmul instructions (AVX-512-BF16 or AMX): without them PyTorch emulates bf16 and runs it many times slower."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.get_device_name(device)
+    if kind == "mps":
+        return "Apple GPU (mps)"
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        name = re.search(r"^model name\s*:\s*(.*)$", info, re.M).group(1)
+        flags = re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split()
+        bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
+    except (OSError, AttributeError):  # not Linux
+        name, bf16 = platform.processor() or "CPU", "unknown"
+    return f"{name} ({os.cpu_count()} cores, {bf16} AVX-512-BF16/AMX)"
 
 
 def pick_device(name="auto"):

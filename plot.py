@@ -1,34 +1,45 @@
-"""Plot a training run from its log: loss (train, validation) and HellaSwag acc_norm against step.
+"""Plot a training run from its log: loss (train, validation), validation bits per byte and HellaSwag acc_norm
+against step, optionally against a baseline run, and say how the two runs' settings differ.
 
     python plot.py                                          # log/metrics.jsonl -> log/plot.png
-    python plot.py --log run/metrics.jsonl --out run.png --logy --gpt2_val_loss 3.2924
+    python plot.py --log run/metrics.jsonl --out run.png --logy
+    python plot.py --baseline log_gpt2/metrics.jsonl        # vs OpenAI GPT-2 on the same data (README)
 
-Works on a resumed run (the log is appended; a step done twice keeps its last values) and on a run still
-writing its log (a half-written last line is skipped).
+A baseline is any train_gpt2.py log: an --eval_only=True run is drawn as level lines (one evaluation), a
+training run as dashed curves. Works on a resumed run (the log is appended; a step done twice keeps its last
+values) and on a run still writing its log (a half-written last line is skipped).
 """
 import argparse
 import json
 import os
 
-GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper)
+GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper); all 10,042 examples
+SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
 
 
-def load_metrics(path):
-    """{"loss": {step: v}, "val_loss": {step: v}, "hellaswag": {step: v}} from a metrics.jsonl."""
+def read_log(path):
+    """The records of a train_gpt2.py metrics.jsonl, in order."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"training log {path} does not exist (train_gpt2.py writes LOG_DIR/metrics.jsonl)")
-    series = {"loss": {}, "val_loss": {}, "hellaswag": {}}
     with open(path) as f:
         lines = f.read().split("\n")
+    records = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the line being written by a live run
                 continue
             raise ValueError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py metrics.jsonl?") from None
+    return records
+
+
+def load_metrics(path):
+    """{"loss": {step: v}, "val_loss": ..., "val_bpb": ..., "hellaswag": ...} from a metrics.jsonl."""
+    series = {key: {} for key in SERIES}
+    for record in read_log(path):
         if "event" in record:
             continue
         for key in series:
@@ -39,31 +50,54 @@ def load_metrics(path):
     return series
 
 
-def plot(series, out, logy=False, gpt2_val_loss=None):
+def settings(path):
+    """The newest start record's settings, flat: {"config.B": 8, "model_config.n_layer": 12, "run.torch": ...}."""
+    starts = [r for r in read_log(path) if r.get("event") == "start"]
+    if not starts:
+        return {}
+    return {f"{part}.{k}": v for part in ("config", "model_config", "run")
+            for k, v in (starts[-1].get(part) or {}).items()}
+
+
+def settings_diff(a, b):
+    """Lines 'name: a -> b' for each setting that differs between two settings() (the log_dir's name aside)."""
+    missing = "(absent)"
+    return [f"{k}: {a.get(k, missing)!r} -> {b.get(k, missing)!r}" for k in sorted(a.keys() | b.keys())
+            if k != "config.log_dir" and a.get(k, missing) != b.get(k, missing)]
+
+
+def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
-    for key, label, style in (("loss", "train loss", dict(alpha=0.6, lw=1)), ("val_loss", "val loss", dict(marker="o"))):
-        if series[key]:
+    fig, axes = plt.subplots(1, 3, figsize=(20, 5))
+    panels = [(axes[0], [("loss", "train loss", dict(alpha=0.6, lw=1)), ("val_loss", "val loss", dict(marker="o"))],
+               "loss (nats per token)"),
+              (axes[1], [("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte"),
+              (axes[2], [("hellaswag", "this run", dict(marker="o"))], "HellaSwag acc_norm")]
+    for ax, keys, title in panels:
+        for key, label, style in keys:
             steps = sorted(series[key])
-            ax1.plot(steps, [series[key][s] for s in steps], label=label, **style)
-    if gpt2_val_loss is not None:
-        ax1.axhline(gpt2_val_loss, color="r", ls="--", label=f"OpenAI GPT-2 124M val loss ({gpt2_val_loss})")
+            if steps:
+                ax.plot(steps, [series[key][s] for s in steps], label=label, **style)
+            if baseline and key != "loss" and baseline[key]:  # the baseline's evaluations, not its train loss
+                steps = sorted(baseline[key])
+                if len(steps) == 1:  # an eval-only run: one value
+                    value = baseline[key][steps[0]]
+                    ax.axhline(value, color="k", ls=":", label=f"{baseline_label} ({value:.4f})")
+                else:
+                    ax.plot(steps, [baseline[key][s] for s in steps], color="k", ls="--", label=baseline_label)
+        if not any(series[key] for key, _, _ in keys):
+            ax.text(0.5, 0.5, "no such records in this log", ha="center", transform=ax.transAxes)
+        ax.set(xlabel="step", title=title)
     if logy:
-        ax1.set_yscale("log")
-    ax1.set(xlabel="step", ylabel="loss", title="loss")
-    ax1.legend()
-    if series["hellaswag"]:
-        steps = sorted(series["hellaswag"])
-        ax2.plot(steps, [series["hellaswag"][s] for s in steps], marker="o", label="this run")
-    else:
-        ax2.text(0.5, 0.5, "no HellaSwag evaluations in this log", ha="center", transform=ax2.transAxes)
-    ax2.axhline(GPT2_HELLASWAG, color="r", ls="--", label=f"OpenAI GPT-2 124M ({GPT2_HELLASWAG})")
-    ax2.axhline(GPT3_HELLASWAG, color="g", ls="--", label=f"OpenAI GPT-3 124M ({GPT3_HELLASWAG})")
-    ax2.set(xlabel="step", ylabel="acc_norm", title="HellaSwag")
-    ax2.legend()
+        axes[0].set_yscale("log")
+    axes[2].axhline(GPT2_HELLASWAG, color="r", ls="--", label=f"OpenAI GPT-2 124M ({GPT2_HELLASWAG})")
+    axes[2].axhline(GPT3_HELLASWAG, color="g", ls="--", label=f"OpenAI GPT-3 124M ({GPT3_HELLASWAG})")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -74,17 +108,29 @@ def main():
     parser.add_argument("--log", default="log/metrics.jsonl", help="train_gpt2.py's metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
     parser.add_argument("--logy", action="store_true", help="log-scale loss axis")
-    parser.add_argument("--gpt2_val_loss", type=float, default=None,
-                        help="draw OpenAI GPT-2 124M's loss on the same validation data as a reference line")
+    parser.add_argument("--baseline", default=None, help="another run's metrics.jsonl (e.g. an --eval_only=True run "
+                        "of OpenAI's GPT-2 on the same data) to draw as reference lines; its differing settings "
+                        "are printed")
     args = parser.parse_args()
     try:
         series = load_metrics(args.log)
+        baseline = load_metrics(args.baseline) if args.baseline else None
+        diff = settings_diff(settings(args.log), settings(args.baseline)) if args.baseline else []
+        label = None
+        if args.baseline:
+            config = {k[len("config."):]: v for k, v in settings(args.baseline).items() if k.startswith("config.")}
+            label = (f"{config['init_from']} (eval only)" if config.get("eval_only")
+                     else os.path.dirname(args.baseline) or args.baseline)
     except (OSError, ValueError) as e:
         parser.error(str(e))
     out = args.out or os.path.join(os.path.dirname(args.log) or ".", "plot.png")
-    plot(series, out, args.logy, args.gpt2_val_loss)
+    plot(series, out, args.logy, baseline, label)
     print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
           f"{len(series['hellaswag'])} HellaSwag evals")
+    if args.baseline:
+        print(f"settings that differ ({args.log} -> {args.baseline}):" if diff else "settings: the same")
+        for line in diff:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

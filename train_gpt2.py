@@ -8,13 +8,16 @@
 Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it the script trains
 on input.txt and says so. A rerun with the same log_dir continues from its latest checkpoint.
 """
+import collections
 import contextlib
 import dataclasses
 import difflib
 import json
 import math
 import os
+import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,9 +29,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import CheckpointError, checkpoints, gather_state, load_state, newest_valid, save_checkpoint
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
-from model import (GPT, GPT2_SIZES, GPTConfig, autocast, mfu, peak_flops, pick_device, resolve_dtype,
-                   training_memory)
-from tokenizer import get_encoding
+from model import (GPT, GPT2_SIZES, GPTConfig, autocast, device_name, load_model, mfu, peak_flops, pick_device,
+                   resolve_dtype, training_memory)
+from tokenizer import get_encoding, token_bytes
 
 # ------------------------------------------------------------------------------------------------------------
 # configuration: the GPT-2 124M recipe (edit here, or override any name on the command line as --name=value)
@@ -48,6 +51,8 @@ min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
 max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
 weight_decay = 0.1
+optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest
+muon_lr = 0.02  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
@@ -56,7 +61,9 @@ hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,04
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
 keep_checkpoints = 2  # the newest K checkpoints are kept
-init_from = "scratch"  # scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | resume (the default if log_dir has one)
+init_from = "scratch"  # scratch | resume (the default if log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large,
+# gpt2-xl (OpenAI's weights) | an HF GPT-2 folder | a model_*.pt: start from those weights, with a fresh optimizer
+eval_only = False  # evaluate init_from's model (val loss and bpb, HellaSwag, samples) into log_dir; train nothing
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
 fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU's memory
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
@@ -185,6 +192,16 @@ def wrap_model(raw_model, cfg, distributed, device_ids):
     return maybe_compile(raw_model), maybe_compile(raw_model), lambda last: contextlib.nullcontext()
 
 
+def make_optimizers(raw_model, cfg, kind):
+    """[(optimizer, its peak learning rate)], decided once. adamw: one AdamW (fused on CUDA). muon: Muon for the
+    blocks' weight matrices at muon_lr, AdamW for embeddings, biases and LayerNorm at max_lr; both follow the
+    same warmup and cosine. Every optimizer is stepped, unscaled (fp16) and checkpointed alike."""
+    if cfg["optimizer"] == "adamw":
+        return [(raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], kind), cfg["max_lr"])]
+    muon, adamw = raw_model.configure_muon(cfg["weight_decay"], cfg["max_lr"], cfg["muon_lr"], kind)
+    return [(muon, cfg["muon_lr"]), (adamw, cfg["max_lr"])]
+
+
 def apply_fallbacks(cfg, overrides, use_cuda, world_size):
     """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small model.
     Both with settings to match, except those given on the command line; one step is then 2 micro-batches."""
@@ -205,9 +222,10 @@ def apply_fallbacks(cfg, overrides, use_cuda, world_size):
     return cfg, notes
 
 
-def get_lr(step, cfg):
-    """Linear warmup to max_lr, then a cosine down to max_lr * min_lr_ratio at max_steps."""
-    max_lr, min_lr = cfg["max_lr"], cfg["max_lr"] * cfg["min_lr_ratio"]
+def get_lr(step, cfg, peak=None):
+    """Linear warmup to the peak (max_lr unless given), then a cosine down to peak * min_lr_ratio at max_steps."""
+    max_lr = cfg["max_lr"] if peak is None else peak
+    min_lr = max_lr * cfg["min_lr_ratio"]
     if step < cfg["warmup_steps"]:
         return max_lr * (step + 1) / cfg["warmup_steps"]
     if step >= cfg["max_steps"]:
@@ -223,31 +241,55 @@ def broadcast_object(obj):
     return box[0]
 
 
-def git_commit():
+def git_state():
+    """(commit, dirty) of the code that runs: HEAD, and whether tracked files differ from it; (None, None)
+    outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
+
+
+def run_info(dev, dtype, cfg, optimizers, distributed):
+    """What ran this run, for the first record of its log (two logs can be compared later: plot.py --baseline):
+    versions, the devices of all ranks, the code's commit, and the choices made at start-up. Every rank must
+    call it (it gathers the device names)."""
+    me = [(socket.gethostname(), device_name(dev))]
+    if distributed:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, me[0])
+        me = everyone
+    commit, dirty = git_state()
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "devices": dict(collections.Counter(name for _, name in me)),
+            "hosts": len({host for host, _ in me}), "git_commit": commit, "git_dirty": dirty,
+            "backend": dist.get_backend() if distributed else None, "dtype": dtype, "compile": cfg["compile"],
+            "tf32": dev.startswith("cuda") and torch.backends.cuda.matmul.allow_tf32,
+            "fused_adamw": any(isinstance(o, torch.optim.AdamW) and bool(o.defaults["fused"]) for o in optimizers)}
 
 
 # A resume continues the run in log_dir. These settings cannot change under it: the model's shape, and the
 # data stream (B and the number of processes may change: the loader continues at the same row).
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+FIXED = SHAPE + STREAM + ("optimizer",)  # and the optimizer: its saved state is another optimizer's
 
 
 def resume_settings(saved, cfg, saved_world, world_size, log_dir):
     """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of
     model shape or data stream ends here with one message listing every difference and the two ways out;
     other changes are applied and noted."""
-    fixed = [k for k in SHAPE + STREAM if saved.get(k, cfg[k]) != cfg[k]]
+    saved = {"optimizer": "adamw", **saved}  # checkpoints from before the setting are AdamW's
+    fixed = [k for k in FIXED if saved.get(k, cfg[k]) != cfg[k]]
     if fixed:
         raise SystemExit(f"error: the run in {log_dir} has "
                          + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
                          + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                          + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a new "
-                         f"one with --log_dir=NEW")
+                         "one with --log_dir=NEW")
     cfg, notes = dict(cfg), []
     rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
     if rows != saved_rows and cfg["val_steps"] == saved["val_steps"] and saved["val_steps"] * saved_rows % rows == 0:
@@ -304,6 +346,15 @@ def main(argv):
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     use_cuda = kind == "cuda"
+    if cfg["optimizer"] not in ("adamw", "muon"):
+        raise SystemExit(f"error: --optimizer={cfg['optimizer']!r}: use adamw or muon")
+    if cfg["optimizer"] == "muon" and cfg["fsdp"]:
+        raise SystemExit("error: --optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
+                         "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
+                         "--optimizer=adamw")
+    if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
+        raise SystemExit("error: --eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
+                         "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
     if cfg["fsdp"] and not ddp:
         raise SystemExit("error: --fsdp=True shards the model over the processes torchrun starts: run it as "
                          "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
@@ -337,6 +388,9 @@ def main(argv):
 
     # ---------------------------------------------------------------------------------------------- resume
     existing = checkpoints(cfg["log_dir"])
+    if cfg["eval_only"] and existing:
+        raise SystemExit(f"error: {cfg['log_dir']} holds a training run's checkpoints: give --eval_only=True a log_dir "
+                         f"of its own (--log_dir=NEW)")
     if cfg["init_from"] == "scratch" and existing:
         if "init_from" in overrides:
             raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
@@ -385,9 +439,10 @@ def main(argv):
                                      n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_kv_head=cfg["n_kv_head"],
                                      n_embd=cfg["n_embd"], grad_checkpoint=cfg["grad_checkpoint"])
             raw_model = GPT(model_config)
-        else:
-            raw_model = GPT.from_pretrained(cfg["init_from"])
-            model_config = raw_model.config
+        else:  # an OpenAI name, an HF folder or a checkpoint file: its weights, a fresh optimizer
+            raw_model = load_model(cfg["init_from"])
+            model_config = dataclasses.replace(raw_model.config, grad_checkpoint=cfg["grad_checkpoint"])
+            raw_model.config = model_config
         train_loader = DataLoaderLite(B, T, rank, world_size, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
         val_loader = DataLoaderLite(B, T, rank, world_size, "val", cfg["data_root"])
         if meta is not None:
@@ -398,7 +453,7 @@ def main(argv):
         raise SystemExit(f"error: {e}") from None
     raw_model.to(dev)
     train_model, model, grad_sync = wrap_model(raw_model, cfg, ddp, [local_rank] if use_cuda else None)
-    optimizer = raw_model.configure_optimizers(cfg["weight_decay"], cfg["max_lr"], kind)
+    optimizers, peak_lrs = zip(*make_optimizers(raw_model, cfg, kind))
     # fp16 overflows where bf16 does not: the loss is scaled up before backward and the gradients unscaled
     # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
     scaler = torch.amp.GradScaler(kind, init_scale=cfg["loss_scale"], enabled=dtype == "fp16")
@@ -406,9 +461,10 @@ def main(argv):
 
     step = 0
     if meta is not None:
-        decay = [group["weight_decay"] for group in optimizer.param_groups]
-        load_state(raw_model, optimizer, ckpt, ddp)  # rank 0's checkpoint into every rank's (shard of the) model
-        for group, wd in zip(optimizer.param_groups, decay):  # the saved groups bring the old weight decay
+        groups = [group for opt in optimizers for group in opt.param_groups]
+        decay = [group["weight_decay"] for group in groups]
+        load_state(raw_model, optimizers, ckpt, ddp)  # rank 0's checkpoint into every rank's (shard of the) model
+        for group, wd in zip(groups, decay):  # the saved groups bring the old weight decay
             group["weight_decay"] = wd
         if scaler.is_enabled() and meta.get("scaler"):  # fp16: continue with the loss scale it had reached
             scaler.load_state_dict(meta["scaler"])
@@ -420,6 +476,8 @@ def main(argv):
 
     # ---------------------------------------------------------------------------------------------- logging
     os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a run refused above leaves no empty log_dir behind
+    if cfg["eval_only"] and master and os.path.exists(metrics_path):
+        os.remove(metrics_path)  # an earlier evaluation's log (a training run's has checkpoints: refused above)
 
     def log(record):
         if master:
@@ -436,7 +494,8 @@ def main(argv):
            f"accumulation steps; device {dev}; estimated training memory per process {mem['total'] / 2**30:.1f} GiB"
            + (f" (parameters, gradients and AdamW states sharded {shards} ways)" if cfg["fsdp"] else ""))
     log({"event": "start", "step": step, "config": cfg, "model_config": dataclasses.asdict(model_config),
-         "world_size": world_size, "fallbacks": fallbacks, "git_commit": git_commit(), "time": time.time()})
+         "world_size": world_size, "fallbacks": fallbacks, "time": time.time(),
+         "run": run_info(dev, dtype, cfg, optimizers, ddp)})
 
     # ---------------------------------------------------------------------------------------------- faults
     stop_signal = [0]
@@ -448,7 +507,7 @@ def main(argv):
     signal.signal(signal.SIGINT, request_stop)
 
     def checkpoint():
-        model_state, optimizer_state = gather_state(raw_model, optimizer)  # every rank: FSDP all-gathers
+        model_state, optimizer_state = gather_state(raw_model, optimizers)  # every rank: FSDP all-gathers
         if master:  # the loader's position is the same on every rank
             path = os.path.join(cfg["log_dir"], f"model_{step:06d}.pt")
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model_config),
@@ -462,21 +521,29 @@ def main(argv):
             print0(f"checkpoint: {path}")
         return f"model_{step:06d}.pt (step {step})"
 
+    text_bytes = torch.tensor(token_bytes(enc, model_config.vocab_size), device=dev)  # (vocab,) bytes per token
+
     def evaluate():
         model.eval()
-        with torch.no_grad():  # validation loss, averaged over all ranks
+        with torch.no_grad():  # validation loss (nats per token) and bits per byte, summed over all ranks
             val_loader.reset()
-            val_loss = torch.zeros((), device=dev)
+            nats = torch.zeros(2, device=dev)  # all targets' losses; those of the targets that are text (bytes > 0)
+            counts = torch.zeros(2, dtype=torch.long, device=dev)  # targets; their UTF-8 bytes
             for _ in range(cfg["val_steps"]):
                 x, y = val_loader.next_batch()
+                y = y.to(dev).view(-1)
                 with autocast(dev, dtype):
-                    _, loss = model(x.to(dev), y.to(dev))
-                val_loss += loss.detach() / cfg["val_steps"]
+                    _, losses = model(x.to(dev), y, reduction="none")  # (B*T,)
+                nbytes = text_bytes[y]
+                nats += torch.stack([losses.sum(), losses[nbytes > 0].sum()]).float()
+                counts += torch.stack([torch.tensor(y.numel(), device=dev), nbytes.sum()])
             if ddp:
-                dist.all_reduce(val_loss)
-                val_loss /= world_size
-        print0(f"step {step}: val loss {val_loss.item():.4f}")
-        log({"step": step, "val_loss": val_loss.item()})
+                dist.all_reduce(nats)
+                dist.all_reduce(counts)
+            val_loss = (nats[0] / counts[0]).item()
+            val_bpb = (nats[1] / (math.log(2) * counts[1])).item()  # byte-level: comparable across tokenizers
+        print0(f"step {step}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
+        log({"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
         if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
             per_forward = max(1, B * T // (4 * 192))  # 4 rows of <= 192 tokens an example: a micro-batch's tokens
             hs = hellaswag_eval(model, examples, dev, per_forward, rank, world_size, dtype=dtype)
@@ -494,12 +561,19 @@ def main(argv):
         log({"step": step, "samples": samples})
         model.train()
 
+    if cfg["eval_only"]:  # init_from's model, evaluated and logged; no training, no checkpoint
+        evaluate()
+        if ddp:
+            dist.destroy_process_group()
+        return
+
     # ---------------------------------------------------------------------------------------------- training loop
     model.train()
     last_checkpoint, stop = (f"{os.path.basename(meta['path'])} (step {step})" if meta else "none yet"), 0
     while step < cfg["max_steps"]:
         t0 = time.time()
-        optimizer.zero_grad(set_to_none=True)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
         loss_accum = torch.zeros((), device=dev)
         for micro_step in range(grad_accum_steps):
             x, y = train_loader.next_batch()
@@ -516,7 +590,8 @@ def main(argv):
             dist.all_reduce(loss_accum)
             loss_accum /= world_size
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        scaler.unscale_(optimizer)  # fp16: clip the true gradients, not the scaled ones
+        for opt in optimizers:
+            scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: over all shards
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
         loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
@@ -531,12 +606,15 @@ def main(argv):
             if ddp:
                 dist.destroy_process_group()
             sys.exit(1)
+        for opt, peak_lr in zip(optimizers, peak_lrs):
+            for group in opt.param_groups:
+                group["lr"] = get_lr(step, cfg, peak_lr)
         lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         scale = scaler.get_scale() if scaler.is_enabled() else None
-        scaler.step(optimizer)  # optimizer.step(), unless fp16 gradients overflowed
-        scaler.update()
+        if not skipped:  # fp16 overflow: no optimizer steps (the scaler alone would skip only the one it saw it in)
+            for opt in optimizers:
+                scaler.step(opt)  # opt.step(), unless fp16 gradients overflowed
+        scaler.update()  # fp16: lowers the scale after an overflow
         sync()  # wait for the GPU before reading the clock
         dt = time.time() - t0
         step += 1

@@ -129,3 +129,14 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
     assert lines[2] == "| fp32, eager | out of memory at B=2 | | | | |"
     assert lines[3].startswith("| + TF32 matmuls | ") and lines[3].endswith("|  |")  # no speed-up column
     assert step is not None and dt > 0 and len(lines) == 4
+
+
+def test_gpu_check_parts_that_run_on_a_cpu():
+    """--gpu-check's flash check reads the op SDPA really ran from the profiler (on a CPU: its flash op too),
+    and the recompile count splits TORCH_LOGS output at a marker line."""
+    from bench import check_flash, recompiles
+    ok, detail = check_flash("cpu")
+    assert ok and "aten::_scaled_dot_product_flash_attention_for_cpu" in detail, detail
+    out = "\n".join(["V [0/1] [__recompiles] Recompiling function forward", "step 5: hellaswag acc_norm 0.25",
+                     "V [0/2] [__recompiles] Recompiling function forward", "x Recompiling function f"])
+    assert recompiles(out, "step 5: hellaswag") == (1, 2) and recompiles(out, "never") == (0, 3)

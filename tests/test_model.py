@@ -56,6 +56,16 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
     assert (len(no_decay["params"]), sum(p.numel() for p in no_decay["params"])) == (98, 121_344)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8 and not opt.defaults["fused"]
+    # Muon: the blocks' 48 weight matrices (4 a block); AdamW: the embeddings (wte = lm_head, wpe) with decay,
+    # biases and LayerNorm without; every parameter in exactly one group
+    muon, adamw = m.configure_muon(weight_decay=0.1, adamw_lr=6e-4, muon_lr=0.02, device_type="cpu")
+    (matrices,), (emb, rest) = [g["params"] for g in muon.param_groups], adamw.param_groups
+    names = {id(p): n for n, p in m.named_parameters()}
+    assert len(matrices) == 48 and all(p.dim() == 2 and names[id(p)].startswith("transformer.h.") for p in matrices)
+    assert sorted(names[id(p)] for p in emb["params"]) == ["transformer.wpe.weight", "transformer.wte.weight"]
+    assert emb["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and len(rest["params"]) == 98
+    grouped = [id(p) for p in matrices + emb["params"] + rest["params"]]
+    assert sorted(grouped) == sorted(names) and muon.defaults["lr"] == 0.02 and adamw.defaults["lr"] == 6e-4
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3}])

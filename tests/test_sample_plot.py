@@ -90,12 +90,36 @@ def test_plot_resumed_and_live_log(tmp_path):
     series = plot.load_metrics(str(log))
     assert sorted(series["loss"]) == list(range(1, 46)) and series["loss"][35] == 5.0 and series["loss"][30] == 7.0
     assert series["val_loss"] == {20: 8.0, 40: 6.0} and series["hellaswag"] == {20: 0.26, 40: 0.28}
-    r = subprocess.run([sys.executable, "plot.py", "--log", str(log), "--logy", "--gpt2_val_loss", "3.29"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "plot.py", "--log", str(log), "--logy"], cwd=ROOT, capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr
     png = tmp_path / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "45 train steps, 2 val evals, 2 HellaSwag evals" in r.stdout
+
+
+def test_plot_against_a_baseline_and_settings_diff(tmp_path):
+    """--baseline: an eval-only run's one evaluation is drawn as level lines (bpb too), and the settings that
+    differ between the two runs' first records are printed, the log_dir aside."""
+    run = {"python": "3.11.7", "torch": "2.13.0", "devices": {"cpu": 1}, "git_commit": "abc", "git_dirty": False}
+    mine = [{"event": "start", "step": 0, "config": {"B": 8, "init_from": "scratch", "log_dir": "a"},
+             "model_config": {"n_layer": 4}, "run": run}]
+    mine += [{"step": s, "loss": 10 - s * 0.1} for s in range(1, 11)] + [{"step": 10, "val_loss": 6.0, "val_bpb": 2.5}]
+    base = [{"event": "start", "step": 0, "config": {"B": 8, "init_from": "gpt2", "eval_only": True, "log_dir": "b"},
+             "model_config": {"n_layer": 12}, "run": {**run, "git_dirty": True}},
+            {"step": 0, "val_loss": 3.3, "val_bpb": 1.1}, {"step": 0, "hellaswag": 0.29}]
+    write_log(tmp_path / "mine.jsonl", mine)
+    write_log(tmp_path / "base.jsonl", base)
+    assert plot.load_metrics(str(tmp_path / "mine.jsonl"))["val_bpb"] == {10: 2.5}
+    r = subprocess.run([sys.executable, "plot.py", "--log", str(tmp_path / "mine.jsonl"), "--baseline",
+                        str(tmp_path / "base.jsonl"), "--out", str(tmp_path / "vs.png")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "vs.png").stat().st_size > 10_000
+    diff = r.stdout.split("settings that differ")[1].splitlines()[1:]
+    assert [line.strip() for line in diff] == [
+        "config.eval_only: '(absent)' -> True", "config.init_from: 'scratch' -> 'gpt2'",
+        "model_config.n_layer: 4 -> 12", "run.git_dirty: False -> True"]
 
 
 def test_plot_errors(tmp_path):

@@ -38,10 +38,13 @@ def text(tmp_path_factory):
     return str(path)
 
 
-def run(args, cwd, check=True, nproc=None):
+def run(args, cwd, check=True, nproc=None, env=None):
+    """train_gpt2.py with args (under torchrun with nproc processes); env: more environment variables, and then
+    stderr comes in stdout, in order (the recompile log among the step lines)."""
     cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                               if nproc else []) + [SCRIPT] + args
-    r = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, text=True,
+                       stderr=subprocess.STDOUT if env else subprocess.PIPE)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -279,6 +282,47 @@ def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, text):
     assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
 
 
+MUON = ["--optimizer=muon", "--muon_lr=0.02"]
+
+
+@pytest.fixture(scope="module")
+def muon_reference(tmp_path_factory, text):
+    """The 8-step resume run (1 process x 2 micro-steps) with Muon: its log_dir."""
+    d = tmp_path_factory.mktemp("muon")
+    run(RESUME_ARGS(text) + MUON + [f"--log_dir={d / 'log'}"], cwd=d)
+    return d / "log"
+
+
+def test_muon_trains_and_resumes_exactly_after_sigkill(tmp_path, text, reference, muon_reference):
+    """Muon (block matrices) + AdamW (the rest) with gradient accumulation: both optimizers' states are in the
+    checkpoint, so a SIGKILL and resume give the uninterrupted run's losses and weights bit for bit."""
+    ref = losses(muon_reference)
+    assert ref != reference[0] and ref[8] < ref[1]  # another optimizer than AdamW, and it learns
+    state = final_weights(muon_reference)["optimizer"]["state"]
+    assert "momentum_buffer" in state["transformer.h.0.attn.c_attn.weight"]  # Muon's
+    assert "exp_avg" in state["transformer.wte.weight"] and "exp_avg" in state["transformer.h.0.ln_1.bias"]
+    log = str(tmp_path / "log")
+    code, _ = start_and_signal(RESUME_ARGS(text) + MUON + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
+    assert code == -signal.SIGKILL and 5 <= max(losses(log)) < 8
+    run(RESUME_ARGS(text) + MUON + [f"--log_dir={log}"], cwd=tmp_path)
+    assert losses(log) == ref
+    w, w_ref = final_weights(log)["model"], final_weights(muon_reference)["model"]
+    assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
+    r = run(RESUME_ARGS(text) + [f"--log_dir={log}", "--max_steps=9"], cwd=tmp_path, check=False)  # AdamW now
+    assert_one_line_error(r, "optimizer='muon' (now 'adamw')", "--optimizer=muon", "--log_dir=NEW")
+
+
+def test_muon_under_ddp_and_compile_matches_one_process(tmp_path, text, muon_reference):
+    """Muon with 2 gloo ranks (DDP all-reduces the gradients it orthogonalizes) and torch.compile: the same
+    losses as the eager one-process run with 2 micro-steps, to rounding (Newton-Schulz runs in bf16)."""
+    log = tmp_path / "log"
+    run(RESUME_ARGS(text) + MUON + ["--compile=True", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
+    ref, got = losses(muon_reference), losses(log)
+    assert sorted(got) == sorted(ref) == list(range(1, 9))
+    for s in ref:
+        assert math.isclose(got[s], ref[s], rel_tol=1e-4), (s, got[s], ref[s])
+
+
 def test_bf16_on_cpu_and_compile_that_cannot_work(tmp_path, text):
     """--dtype=bf16 runs on the CPU too. compile=True where inductor cannot work (here: no C++ compiler) is
     found out by a probe before training: one NOTE, then the run goes on eager; the log says compile false."""
@@ -323,7 +367,7 @@ def test_resume_settings():
     cfg, notes = train_gpt2.resume_settings(saved, dict(saved, B=2), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
     assert cfg["val_steps"] == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
-                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64)]:
+                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
         with pytest.raises(SystemExit, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
             train_gpt2.resume_settings(saved, dict(saved, **{key: value}), 1, 1, "log")
 
@@ -358,12 +402,16 @@ def eager_ddp(tmp_path_factory, text):
 def test_compile_train_hellaswag_and_sampling(tmp_path, eager_ddp, wrap):
     """torch.compile with DDP inside it, or on the FSDP-sharded model (2 gloo ranks): training, then a compiled
     val loss and HellaSwag (7 examples: the ranks get 4 and 3), then training again; the same losses as the
-    eager DDP run and the same HellaSwag result as an eager one-process evaluation."""
+    eager DDP run and the same HellaSwag result as an eager one-process evaluation. The training step after the
+    first evaluation and the second evaluation compile nothing new (bench.py --gpu-check checks this on a GPU)."""
+    from bench import recompiles
     from hellaswag import evaluate, load_examples
     from model import load_model
     args, data, eager_log = eager_ddp
     r = run(args + ["--compile=True", f"--fsdp={wrap == 'fsdp'}", f"--log_dir={tmp_path / 'compiled'}"],
-            cwd=tmp_path, nproc=2)
+            cwd=tmp_path, nproc=2, env={"TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"})
+    before, after = recompiles(r.stdout, "step 1: hellaswag")
+    assert before >= 1 and after == 0, r.stdout[-5000:]  # evaluation recompiles (no grad), once
     log = tmp_path / "compiled"
     recs = records(log)
     hs = [rec for rec in recs if "hellaswag" in rec]
@@ -441,6 +489,8 @@ def test_overrides_are_checked():
     (["--size=2B"], "--size='2B': use one of 124M, 350M, 774M, 1558M"),
     (["--device=mps"], "--device=mps but torch sees no mps device here"),
     (["--dtype=fp8"], "--dtype='fp8': use auto, bf16, fp16 or fp32"),
+    (["--optimizer=sgd"], "--optimizer='sgd': use adamw or muon"),
+    (["--optimizer=muon", "--fsdp=True"], "--optimizer=muon does not work with --fsdp=True: .* drop --fsdp"),
 ])
 def test_bad_settings(tmp_path, argv, match):
     with pytest.raises(SystemExit, match=match):

@@ -1,0 +1,114 @@
+"""Evaluation through train_gpt2.py: val bits per byte against a plain computation, --eval_only=True runs
+(an HF folder, a checkpoint; torchrun), and the run metadata in a log's first record."""
+import glob
+import math
+import os
+import platform
+import subprocess
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import fineweb
+from checkpoint import checkpoints, save_checkpoint
+from dataloader import DataLoaderLite, load_shard
+from model import GPT, GPTConfig
+from test_data import DOCS, write_jsonl
+from test_hellaswag import example, write_jsonl as write_hellaswag
+from test_train import ROOT, records, run
+from tokenizer import EOT, get_encoding
+
+B, T, VAL_STEPS = 2, 16, 3
+EVAL = ["--device=cpu", f"--B={B}", f"--T={T}", f"--total_batch_size={B * T * 2}", f"--val_steps={VAL_STEPS}",
+        "--compile=False"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """Shards of documents with <|endoftext|> between them and multi-byte characters; a tiny random GPT-2
+    saved as an HF folder and as a checkpoint; 5 HellaSwag examples."""
+    d = tmp_path_factory.mktemp("eval")
+    write_jsonl(d / "corpus.jsonl", DOCS * 2)
+    fineweb.main(str(d / "corpus.jsonl"), str(d / "shards"), "text", 400, "t", 2)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
+    model.save_pretrained(d / "hf")
+    save_checkpoint({"model": model.state_dict(), "model_config": vars(model.config).copy(), "step": 7},
+                    str(d / "model_000007.pt"))
+    data = write_hellaswag(d / "hs.jsonl", [example(i) for i in range(5)])
+    return d, model, data
+
+
+def plain_val(model, data_root, world_size):
+    """(val loss, val bpb) one token at a time: each rank's validation rows, each row through the model alone,
+    each target's loss from its own log-softmax; bytes from decoding each target token (<|endoftext|>: none)."""
+    enc = get_encoding()
+    nats = text_nats = tokens = text_bytes = 0.0
+    for rank in range(world_size):
+        loader = DataLoaderLite(B, T, rank, world_size, "val", str(data_root))
+        for _ in range(VAL_STEPS):
+            x, y = loader.next_batch()
+            for row_x, row_y in zip(x, y):
+                with torch.no_grad():
+                    logits, _ = model(row_x[None])
+                for logit, target in zip(logits[0], row_y.tolist()):
+                    loss = -F.log_softmax(logit.double(), -1)[target].item()
+                    n = 0 if target == EOT else len(enc.decode_single_token_bytes(target))
+                    nats, tokens = nats + loss, tokens + 1
+                    if n:
+                        text_nats, text_bytes = text_nats + loss, text_bytes + n
+    return nats / tokens, text_nats / (math.log(2) * text_bytes)
+
+
+def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
+    """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' batches)
+    equal a plain token-by-token computation; HellaSwag and samples run; nothing is trained or saved. The first
+    record says what ran the run."""
+    d, model, data = setup
+    log = tmp_path / "log"
+    r = run(EVAL + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--data_root={d / 'shards'}", "--hellaswag=5",
+                    f"--hellaswag_data={data}", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
+    recs = records(log)
+    assert recs[0]["event"] == "start" and not any("loss" in rec for rec in recs) and not checkpoints(log)
+    (val,) = [rec for rec in recs if "val_loss" in rec]
+    (hs,) = [rec for rec in recs if "hellaswag" in rec]
+    assert val["step"] == hs["step"] == 0 and hs["hellaswag_n"] == 5 and any("samples" in rec for rec in recs)
+    assert f"val loss {val['val_loss']:.4f} | val bpb {val['val_bpb']:.4f}" in r.stdout
+    tokens = load_shard(glob.glob(str(d / "shards" / "*val*.bin"))[0])[:2 * VAL_STEPS * B * T + 1]  # those used
+    assert (tokens == EOT).sum() >= 3 and any(len(get_encoding().decode_single_token_bytes(t)) > 1 and
+                                              not get_encoding().decode_single_token_bytes(t).isascii()
+                                              for t in tokens)  # both cases occur
+    loss, bpb = plain_val(model, d / "shards", 2)
+    assert math.isclose(val["val_loss"], loss, rel_tol=1e-5), (val["val_loss"], loss)
+    assert math.isclose(val["val_bpb"], bpb, rel_tol=1e-5), (val["val_bpb"], bpb)
+    info = recs[0]["run"]
+    assert info["torch"] == torch.__version__ and info["python"] == platform.python_version()
+    assert sum(info["devices"].values()) == 2 and info["hosts"] == 1 and info["backend"] == "gloo"
+    assert info["dtype"] == "fp32" and info["compile"] is False and info["fused_adamw"] is False
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if git.returncode == 0:  # a git checkout (CI clones one)
+        assert info["git_commit"] == git.stdout.strip() and isinstance(info["git_dirty"], bool)
+    assert recs[0]["config"]["eval_only"] is True and recs[0]["config"]["B"] == B  # the effective settings
+
+
+def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
+    """A checkpoint's weights give the same evaluation as the same weights in an HF folder (one process); a
+    rerun into the same log_dir replaces its log. Without weights, or into a training run's log_dir: one line."""
+    d, model, _ = setup
+    args = EVAL + [f"--data_root={d / 'shards'}", "--hellaswag=0", "--total_batch_size=32"]
+    log = tmp_path / "ckpt"
+    for _ in range(2):
+        run(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
+    (val,) = [rec for rec in records(log) if "val_loss" in rec]
+    loss, bpb = plain_val(model, d / "shards", 1)
+    assert math.isclose(val["val_loss"], loss, rel_tol=1e-5) and math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
+    from test_first_contact import assert_one_line_error
+    r = run(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"], cwd=tmp_path, check=False)
+    assert_one_line_error(r, "--eval_only=True evaluates given weights", "--init_from")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "model_000002.pt").write_bytes(b"")
+    r = run(args + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--log_dir={tmp_path / 'train'}"], cwd=tmp_path,
+            check=False)
+    assert_one_line_error(r, "holds a training run's checkpoints", "--log_dir=NEW")
+    assert not os.path.exists(tmp_path / "x")  # refused before any log_dir is made
