@@ -308,15 +308,16 @@ CHECK_MODEL = ["--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=128"]
 
 
 def check_flash(device):
-    """(ok, detail): the attention a bf16 training step really runs, by torch.profiler. SDPA must choose its
-    flash-attention op (aten::_scaled_dot_product_flash_attention*) and, on a GPU, run flash kernels."""
+    """(ok, detail): the attention a training step under the device's autocast really runs, by torch.profiler.
+    SDPA must choose its flash-attention op (aten::_scaled_dot_product_flash_attention*) and, on a GPU, run
+    flash kernels."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     model = build(dict(n_layer=2, n_head=4, n_embd=256, block_size=256), {"vocab_size": 50304, "flash": True}, device)
     x = torch.randint(0, 50257, (4, 256), device=device)
     cuda = device == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        with autocast(device, "bf16"):
+        with autocast(device):
             _, loss = model(x, x)
         loss.backward()
         sync(device)

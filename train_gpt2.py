@@ -52,7 +52,7 @@ warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
 max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
 weight_decay = 0.1
 optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest
-muon_lr = 0.02  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
+muon_lr = 0.01  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)

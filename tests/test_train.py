@@ -381,7 +381,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
     assert len(bad) == 1
     last = final_weights(log)  # the newest checkpoint is the last good step, loadable
     assert last["step"] == bad[0]["step"] - 1 and all(torch.isfinite(v).all() for v in last["model"].values())
-    assert (f"error: non-finite loss" in r.stdout and f"at step {bad[0]['step']}: stopped before its update. The "
+    assert ("error: non-finite loss" in r.stdout and f"at step {bad[0]['step']}: stopped before its update. The "
             f"newest checkpoint is model_{last['step']:06d}.pt (step {last['step']})" in r.stdout), r.stdout
     assert "intact" not in r.stdout  # it says only what it checked
 
