@@ -535,7 +535,7 @@ def main(argv):
                 with autocast(dev, dtype):
                     _, losses = model(x.to(dev), y, reduction="none")  # (B*T,)
                 nbytes = text_bytes[y]
-                nats += torch.stack([losses.sum(), losses[nbytes > 0].sum()]).float()
+                nats += torch.stack([losses.sum(), (losses * (nbytes > 0)).sum()]).float()  # a mask: no sync
                 counts += torch.stack([torch.tensor(y.numel(), device=dev), nbytes.sum()])
             if ddp:
                 dist.all_reduce(nats)
