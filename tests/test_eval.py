@@ -93,22 +93,24 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
 
 
 def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
-    """A checkpoint's weights give the same evaluation as the same weights in an HF folder (one process); a
-    rerun into the same log_dir replaces its log. Without weights, or into a training run's log_dir: one line."""
+    """A checkpoint's weights give the plain computation's values (one process); an earlier evaluation's log
+    in the same log_dir is replaced. Without weights, or into a training run's log_dir: one line, no log_dir."""
+    import train_gpt2
     d, model, _ = setup
     args = EVAL + [f"--data_root={d / 'shards'}", "--hellaswag=0", "--total_batch_size=32"]
     log = tmp_path / "ckpt"
-    for _ in range(2):
-        run(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
-    (val,) = [rec for rec in records(log) if "val_loss" in rec]
+    log.mkdir()
+    (log / "metrics.jsonl").write_text('{"step": 0, "val_loss": 1.0}\n')  # an earlier evaluation's
+    run(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
+    recs = records(log)
+    (val,) = [rec for rec in recs if "val_loss" in rec]
+    assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")
     loss, bpb = plain_val(model, d / "shards", 1)
     assert math.isclose(val["val_loss"], loss, rel_tol=1e-5) and math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
-    from test_first_contact import assert_one_line_error
-    r = run(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"], cwd=tmp_path, check=False)
-    assert_one_line_error(r, "--eval_only=True evaluates given weights", "--init_from")
+    with pytest.raises(SystemExit, match="--eval_only=True evaluates given weights: set --init_from"):
+        train_gpt2.main(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"])
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "model_000002.pt").write_bytes(b"")
-    r = run(args + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--log_dir={tmp_path / 'train'}"], cwd=tmp_path,
-            check=False)
-    assert_one_line_error(r, "holds a training run's checkpoints", "--log_dir=NEW")
+    with pytest.raises(SystemExit, match="holds a training run's checkpoints: .*--log_dir=NEW"):
+        train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--log_dir={tmp_path / 'train'}"])
     assert not os.path.exists(tmp_path / "x")  # refused before any log_dir is made
