@@ -35,7 +35,8 @@ import time
 
 import torch
 
-from model import GPT, GPT2_SIZES, GPTConfig, autocast, count_params, device_name, flops_per_token, peak_flops, training_memory
+from model import (GPT, GPT2_SIZES, GPTConfig, autocast, count_params, device_name, flops_per_token, peak_flops,
+                   synchronize, training_memory)
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -50,11 +51,6 @@ PEAK_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "H20
 
 def lookup(table, name):
     return next((v for k, v in table.items() if k in name), None)
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def fmt_bytes(n):
@@ -95,10 +91,10 @@ def time_steps(step, device, steps, warmup):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     for i in range(warmup + steps):
-        sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         step()
-        sync(device)
+        synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
@@ -163,7 +159,7 @@ def breakdown(step, device, step_time, steps=3, trace=None):
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(steps):
             step()
-        sync(device)
+        synchronize(device)
     if trace:
         prof.export_chrome_trace(trace)
     per_part, per_name = dict.fromkeys([part for part, _ in PARTS] + [OTHER], 0.0), {}
@@ -203,10 +199,10 @@ def generation(size, device, prompt_len, new_tokens, batch):
     for use_cache in (False, True):
         with autocast(device):
             model.generate(idx, 4, top_k=1, use_cache=use_cache)  # warm-up
-            sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             outs[use_cache] = model.generate(idx, new_tokens, top_k=1, use_cache=use_cache)
-            sync(device)
+            synchronize(device)
         rates[use_cache] = batch * new_tokens / (time.perf_counter() - t0)
     same = torch.equal(outs[False], outs[True])
     return [f"KV-cache generation, batch {batch}, prompt {prompt_len} + {new_tokens} new tokens: "
@@ -291,11 +287,11 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
                          ("torch.softmax", lambda t: torch.softmax(t, -1)),
                          ("Triton fused", fused_softmax.softmax)):
             fn(x)
-            sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(reps):
                 fn(x)
-            sync(device)
+            synchronize(device)
             gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / reps) / 1e9
             out.append(f"    {name}: {gbs:,.1f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
         del x
@@ -320,7 +316,7 @@ def check_flash(device):
         with autocast(device):
             _, loss = model(x, x)
         loss.backward()
-        sync(device)
+        synchronize(device)
     events = prof.events()
     ops = sorted({e.name for e in events if e.name.startswith("aten::_scaled_dot_product")})
     kernels = sorted({re.split(r"[<(]", e.name.removeprefix("void "))[0] for e in events
@@ -344,7 +340,7 @@ def check_softmax():
         x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 4
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             y = fused_softmax.softmax(x)
-            sync("cuda")
+            synchronize("cuda")
         ran = ran or any(e.device_type == DeviceType.CUDA and "_softmax_rows" in e.name for e in prof.events())
         err = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
         errors.append((f"{rows}x{cols} {str(dtype).removeprefix('torch.')}", err, tol))

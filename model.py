@@ -201,10 +201,11 @@ class GPT(nn.Module):
     # ----------------------------------------------------------------------------------------------------
     # training
 
-    def configure_optimizers(self, weight_decay, learning_rate, device_type, fused=None):
+    def configure_optimizers(self, weight_decay, learning_rate, device_type, fused=None, params=None):
         """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains.
-        fused=None uses the fused kernel on CUDA (bench.py turns it off to measure what it is worth)."""
-        params = [p for p in self.parameters() if p.requires_grad]
+        fused=None uses the fused kernel on CUDA (bench.py turns it off to measure what it is worth). params:
+        those to optimize (default: all trainable ones)."""
+        params = [p for p in (self.parameters() if params is None else params) if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -217,13 +218,11 @@ class GPT(nn.Module):
         orthogonalized, so every direction of the matrix moves alike), AdamW for the rest (embeddings = lm_head,
         biases, LayerNorm), which Muon is not meant for. Muon's step is scaled to AdamW's update size
         (match_rms_adamw), so its learning rate is of AdamW's order."""
-        matrices = [p for n, p in self.transformer.h.named_parameters() if p.dim() == 2]
+        matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2]
         ids = {id(p) for p in matrices}
-        rest = [p for p in self.parameters() if id(p) not in ids]
-        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
         muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
-        adamw = torch.optim.AdamW(groups, lr=adamw_lr, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")
+        adamw = self.configure_optimizers(weight_decay, adamw_lr, device_type,
+                                          params=[p for p in self.parameters() if id(p) not in ids])
         return [muon, adamw]
 
     # ----------------------------------------------------------------------------------------------------
@@ -364,6 +363,15 @@ def pick_device(name="auto"):
         raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks cuda, "
                          f"mps or cpu, whichever is there)")
     return name
+
+
+def synchronize(device):
+    """Wait for the device's queued work (GPUs run asynchronously): before reading a clock."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
 
 
 def resolve_dtype(dtype, device):

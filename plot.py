@@ -115,11 +115,11 @@ def main():
     try:
         series = load_metrics(args.log)
         baseline = load_metrics(args.baseline) if args.baseline else None
-        diff = settings_diff(settings(args.log), settings(args.baseline)) if args.baseline else []
-        label = None
+        diff, label = [], None
         if args.baseline:
-            config = {k[len("config."):]: v for k, v in settings(args.baseline).items() if k.startswith("config.")}
-            label = (f"{config['init_from']} (eval only)" if config.get("eval_only")
+            base = settings(args.baseline)
+            diff = settings_diff(settings(args.log), base)
+            label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
                      else os.path.dirname(args.baseline) or args.baseline)
     except (OSError, ValueError) as e:
         parser.error(str(e))

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from model import autocast, load_model, pick_device
+from model import autocast, load_model, pick_device, synchronize
 from tokenizer import get_encoding
 
 
@@ -22,10 +22,7 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
     t0 = time.time()
     with autocast(device):
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
-    if idx.is_cuda:
-        torch.cuda.synchronize()
-    elif idx.device.type == "mps":
-        torch.mps.synchronize()
+    synchronize(device)
     return [enc.decode(row.tolist()) for row in out], num_samples * max_new_tokens / (time.time() - t0)
 
 

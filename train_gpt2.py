@@ -30,7 +30,7 @@ from checkpoint import CheckpointError, checkpoints, gather_state, load_state, n
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import (GPT, GPT2_SIZES, GPTConfig, autocast, device_name, load_model, mfu, peak_flops, pick_device,
-                   resolve_dtype, training_memory)
+                   resolve_dtype, synchronize, training_memory)
 from tokenizer import get_encoding, token_bytes
 
 # ------------------------------------------------------------------------------------------------------------
@@ -139,15 +139,14 @@ def compile_probe(device):
 
 
 def runtime(cfg, kind, local_rank):
-    """The device-dependent choices, made once: (device, sync, compile, notes). kind is pick_device's (cuda,
-    mps or cpu), the compute dtype resolve_dtype's (fp16 brings loss scaling). device: cuda:<local rank> or
-    kind; sync: waits for the device (for timing); compile: cfg's, unless the device cannot (Apple GPUs: not
+    """The device-dependent choices, made once: (device, compile, notes). kind is pick_device's (cuda, mps or
+    cpu), the compute dtype resolve_dtype's (fp16 brings loss scaling). device: cuda:<local rank> or kind;
+    compile: cfg's, unless the device cannot (Apple GPUs: not
     supported; elsewhere: compile_probe). TF32 matmuls and fused AdamW follow from the device: CUDA only."""
     dev = f"cuda:{local_rank}" if kind == "cuda" else kind
     if kind == "cuda":
         torch.cuda.set_device(dev)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(kind, lambda: None)
     notes, use_compile = [], cfg["compile"]
     if use_compile and kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
@@ -158,7 +157,7 @@ def runtime(cfg, kind, local_rank):
             notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
                          f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
             use_compile = False
-    return dev, sync, use_compile, notes
+    return dev, use_compile, notes
 
 
 def wrap_model(raw_model, cfg, distributed, device_ids):
@@ -362,7 +361,7 @@ def main(argv):
         dist.init_process_group("nccl" if use_cuda else "gloo")
 
     cfg, fallbacks = apply_fallbacks(cfg, overrides, use_cuda, world_size)
-    dev, sync, cfg["compile"], notes = runtime(cfg, kind, local_rank)
+    dev, cfg["compile"], notes = runtime(cfg, kind, local_rank)
     if ddp:  # every rank runs the same way: compiled only if it works everywhere
         everywhere = [None] * world_size
         dist.all_gather_object(everywhere, cfg["compile"])
@@ -536,7 +535,8 @@ def main(argv):
                     _, losses = model(x.to(dev), y, reduction="none")  # (B*T,)
                 nbytes = text_bytes[y]
                 nats += torch.stack([losses.sum(), (losses * (nbytes > 0)).sum()]).float()  # a mask: no sync
-                counts += torch.stack([torch.tensor(y.numel(), device=dev), nbytes.sum()])
+                counts[0] += y.numel()
+                counts[1] += nbytes.sum()
             if ddp:
                 dist.all_reduce(nats)
                 dist.all_reduce(counts)
@@ -615,7 +615,7 @@ def main(argv):
             for opt in optimizers:
                 scaler.step(opt)  # opt.step(), unless fp16 gradients overflowed
         scaler.update()  # fp16: lowers the scale after an overflow
-        sync()  # wait for the GPU before reading the clock
+        synchronize(dev)  # wait for the GPU before reading the clock
         dt = time.time() - t0
         step += 1
         tok_s = cfg["total_batch_size"] / dt
