@@ -24,19 +24,18 @@ AdamW and TF32 matmuls on; then the ladder at GPT-2 124M. tests/test_gpu.py runs
 import argparse
 import contextlib
 import datetime
-import json
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
-from model import (GPT, GPT2_SIZES, GPTConfig, autocast, count_params, device_name, flops_per_token, peak_flops,
-                   synchronize, training_memory)
+import gpu_check
+from accounting import count_params, flops_per_token, peak_flops, training_memory
+from model import GPT, GPT2_SIZES, GPTConfig
+from optimizers import adamw
+from runtime import autocast, device_name, synchronize
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -67,7 +66,7 @@ def training_step(size, s, B, T, device):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
     torch._dynamo.reset()  # each rung compiles afresh
     model = build(size, s, device)
-    opt = model.configure_optimizers(0.1, 6e-4, device, fused=s["fused"])
+    opt = adamw(model.parameters(), 0.1, 6e-4, device, fused=s["fused"])
     step_model = torch.compile(model) if s["compile"] else model
     amp = torch.autocast(device, dtype=torch.bfloat16) if s["bf16"] else contextlib.nullcontext()
     x = torch.randint(0, 50257, (B, T), device=device)
@@ -298,131 +297,6 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     return out
 
 
-# ------------------------------------------------------------------------------------------------ --gpu-check
-ROOT = os.path.dirname(os.path.abspath(__file__))
-CHECK_MODEL = ["--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=128"]
-
-
-def check_flash(device):
-    """(ok, detail): the attention a training step under the device's autocast really runs, by torch.profiler.
-    SDPA must choose its flash-attention op (aten::_scaled_dot_product_flash_attention*) and, on a GPU, run
-    flash kernels."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    model = build(dict(n_layer=2, n_head=4, n_embd=256, block_size=256), {"vocab_size": 50304, "flash": True}, device)
-    x = torch.randint(0, 50257, (4, 256), device=device)
-    cuda = device == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        with autocast(device):
-            _, loss = model(x, x)
-        loss.backward()
-        synchronize(device)
-    events = prof.events()
-    ops = sorted({e.name for e in events if e.name.startswith("aten::_scaled_dot_product")})
-    kernels = sorted({re.split(r"[<(]", e.name.removeprefix("void "))[0] for e in events
-                      if e.device_type == DeviceType.CUDA and re.search(r"flash|fmha|attention|sdpa", e.name, re.I)})
-    ok = any("_scaled_dot_product_flash_attention" in op for op in ops) and (
-        not cuda or any("flash" in k.lower() for k in kernels))
-    return ok, f"SDPA ran {', '.join(ops) or 'no SDPA op'}" + (f"; kernels: {', '.join(kernels) or 'none'}" if cuda else "")
-
-
-def check_softmax():
-    """(ok, detail): fused_softmax.softmax compiled by Triton for the GPU (its kernel runs there, seen by the
-    profiler; not Triton's interpreter) and equal to torch.softmax on short and long rows, fp32 and bf16."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return False, "TRITON_INTERPRET=1 is set, so Triton would interpret the kernel: unset it"
-    import fused_softmax
-    errors, ran = [], False
-    for rows, cols, dtype, tol in ((4096, 1024, torch.float32, 1e-6), (256, 50304, torch.float32, 1e-6),
-                                   (4096, 1024, torch.bfloat16, 1e-2)):
-        x = torch.randn(rows, cols, device="cuda", dtype=dtype) * 4
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            y = fused_softmax.softmax(x)
-            synchronize("cuda")
-        ran = ran or any(e.device_type == DeviceType.CUDA and "_softmax_rows" in e.name for e in prof.events())
-        err = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
-        errors.append((f"{rows}x{cols} {str(dtype).removeprefix('torch.')}", err, tol))
-    ok = ran and all(err <= tol for _, err, tol in errors)
-    return ok, (f"kernel {'ran on the GPU' if ran else 'not seen on the GPU'}; max |difference| from torch.softmax: "
-                + ", ".join(f"{name} {err:.1e} (limit {tol:g})" for name, err, tol in errors))
-
-
-def recompiles(output, marker):
-    """(before, after): the 'Recompiling function' lines TORCH_LOGS=recompiles wrote before and after the first
-    line of output holding marker (after: everything if the marker never shows)."""
-    lines = output.splitlines()
-    cut = next((i for i, line in enumerate(lines) if marker in line), 0)
-    count = [sum("Recompiling function" in line for line in part) for part in (lines[:cut], lines[cut:])]
-    return count[0], count[1]
-
-
-def synthetic_hellaswag(path, n):
-    """n HellaSwag-format examples cut from input.txt (the check needs the shapes, not the answers)."""
-    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
-        lines = [line.strip() for line in f if len(line.strip()) > 20]
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(n):
-            f.write(json.dumps({"ctx": lines[5 * i], "endings": lines[5 * i + 1:5 * i + 5], "label": i % 4}) + "\n")
-    return path
-
-
-def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
-    """[(check, ok, detail)] for a 2-layer train_gpt2.py run under torchrun (1 process; NCCL on a GPU) with
-    torch.compile, 2 micro-steps per step, and val loss, HellaSwag and samples every 5 of 20 steps, its output
-    and the recompiles logged by TORCH_LOGS=recompiles in one stream, in order."""
-    log_dir = os.path.join(work_dir, "run")
-    data = hellaswag_data or synthetic_hellaswag(os.path.join(work_dir, "hellaswag.jsonl"), 40)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-           os.path.join(ROOT, "train_gpt2.py"), f"--device={device}", f"--data_root={os.path.join(ROOT, 'input.txt')}",
-           *CHECK_MODEL, "--B=8", "--T=256", "--total_batch_size=4096", "--max_steps=20", "--warmup_steps=5",
-           "--eval_interval=5", "--val_steps=4", "--hellaswag=40", f"--hellaswag_data={data}", "--compile=True",
-           "--checkpoint_interval=20", f"--log_dir={log_dir}"]
-    env = {**os.environ, "TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"}
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=timeout)
-        out, rc = r.stdout, r.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
-    if rc != 0:
-        tail = " | ".join(line for line in out.splitlines()[-6:])
-        return [("2-layer train_gpt2.py run", False, f"exit status {rc}: {tail[-600:]}")]
-    with open(os.path.join(log_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f]
-    info = next(r for r in recs if r.get("event") == "start")["run"]
-    evals = {key: [r["step"] for r in recs if key in r] for key in ("val_loss", "hellaswag", "samples")}
-    before, after = recompiles(out, "step 5: hellaswag")  # printed when the first evaluation's compiled part ends
-    limit = re.search(r".*(recompile_limit|cache_size_limit).*", out)
-    cuda = device == "cuda"
-    results = [
-        ("2-layer train_gpt2.py run", True, f"finished: {' '.join(cmd[3:5])} ... train_gpt2.py --compile=True "
-                                            f"(2 micro-steps a step, 20 steps)"),
-        ("process group", info["backend"] == ("nccl" if cuda else "gloo"), f"backend {info['backend']}"),
-        ("torch.compile", info["compile"] is True, f"compile {info['compile']}, dtype {info['dtype']}"),
-        ("evaluations", all(v == [5, 10, 15, 20] for v in evals.values()),
-         "; ".join(f"{k} at steps {v}" for k, v in evals.items())),
-        ("no recompiling at every evaluation", after == 0 and limit is None,
-         f"{before} recompiles up to the end of the first evaluation's HellaSwag, {after} after it"
-         + (f"; {limit.group(0).strip()[:200]}" if limit else "")),
-    ]
-    if cuda:
-        results += [("fused AdamW", info["fused_adamw"] is True, f"the run's AdamW fused={info['fused_adamw']}"),
-                    ("TF32 matmuls", info["tf32"] is True, f"torch.backends.cuda.matmul.allow_tf32={info['tf32']}")]
-    return results
-
-
-def gpu_check(device, hellaswag_data=None):
-    """Every check's (check, ok, detail), in the order of the report."""
-    results = [("flash attention", *check_flash(device))]
-    results.append(("Triton softmax", *check_softmax()) if device == "cuda" else
-                   ("Triton softmax", True, "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))
-    with tempfile.TemporaryDirectory() as work_dir:
-        results += check_training_run(device, work_dir, hellaswag_data)
-    return results
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -461,7 +335,7 @@ def main():
     print("\n".join(report), flush=True)
     failed = 0
     if args.gpu_check:
-        results = gpu_check(args.device, args.hellaswag_data)
+        results = gpu_check.run_checks(args.device, args.hellaswag_data)
         failed = sum(not ok for _, ok, _ in results)
         lines = ["| check | result | detail |", "| --- | --- | --- |"]
         lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |" for name, ok, detail in results]

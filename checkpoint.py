@@ -1,21 +1,24 @@
-"""Checkpoint files: one torch.save file each, written atomically, with a checksum inside, verified on load.
+"""Checkpoints: written atomically with a checksum inside, verified before use, and the resume of a run from them.
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
-"dataloader", "rng", ..., "checksum"}; sample.py, hellaswag.py and save_pretrained read the same file.
-checksum is the sha256 of everything else in it (tensors byte for byte), so a file that is truncated, or has
-bytes changed anywhere, is detected before any of it is used, not loaded with garbage weights.
-
-The model and optimizer states are full (unsharded) and keyed by parameter name, whether the run used DDP
-or FSDP, so a checkpoint of either resumes under the other: gather_state() / load_state().
+"world_size", "dataloader", "scaler", "rng", "checksum"}; sample.py and hellaswag.py read the same file
+(load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or altered
+file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed by
+parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
 """
+import dataclasses
 import glob
 import hashlib
+import json
 import os
 
 import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
+
+from model import GPT, GPTConfig
+from runtime import broadcast_object, first_line, one_line_errors, print0
 
 
 class CheckpointError(ValueError):
@@ -61,24 +64,18 @@ def save_checkpoint(state, path):
 
 
 def load_checkpoint(path):
-    """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it.
-    Checkpoints written before checksums existed have checksum None and load unverified; their per-rank
-    loader states become one (the first rank's) and world_size."""
+    """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
-        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({reason})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model' / 'model_config' entries)")
-    stored = ckpt.get("checksum")
-    if stored is not None and checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != stored:
+        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e, 120)})") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "checksum"} <= set(ckpt):
+        raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model', 'model_config' or "
+                              f"'checksum' entries)")
+    if checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != ckpt["checksum"]:
         raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum")
-    ckpt.setdefault("checksum", None)
-    if isinstance(ckpt.get("dataloader"), list):  # written before one loader state served every rank
-        ckpt["world_size"], ckpt["dataloader"] = len(ckpt["dataloader"]), ckpt["dataloader"][0]
     return ckpt
 
 
@@ -95,6 +92,19 @@ def newest_valid(log_dir, note=print):
                           f"or start afresh with --log_dir=NEW")
 
 
+def load_model(spec):
+    """A GPT from a train_gpt2.py checkpoint (.pt, verified against its checksum), an HF GPT-2 folder, or an
+    OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
+    if spec.endswith(".pt"):
+        ckpt = load_checkpoint(spec)
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model
+    return GPT.from_pretrained(spec)
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+
 def gather_state(model, optimizers):
     """(model state, optimizer state): full, on the CPU, on rank 0 ({} on the others); the optimizer's state
     keyed by parameter name (one dict for a list of optimizers). Under FSDP every rank must call it (it
@@ -108,16 +118,150 @@ def gather_state(model, optimizers):
 
 def load_state(model, optimizers, ckpt, distributed):
     """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
-    Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts.
-    Optimizer states saved before they were keyed by parameter name (by index) are converted."""
+    Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts."""
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
-    if optim_state and all(isinstance(k, int) for k in optim_state["state"]):
-        names = {id(p): name for name, p in model.named_parameters()}
-        groups = [g for opt in optimizers for g in opt.param_groups]
-        order = [names[id(p)] for group in groups for p in group["params"]]  # index -> name
-        optim_state = {"state": {order[i]: s for i, s in optim_state["state"].items()},
-                       "param_groups": [{**g, "params": [order[i] for i in g["params"]]}
-                                        for g in optim_state["param_groups"]]}
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizers, optim_state, options=options)
+
+
+def save_run(cfg, rt, step, model, optimizers, scaler, loader):
+    """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP all
+    ranks gather) and delete all but the newest keep_checkpoints. Returns its name for messages."""
+    model_state, optimizer_state = gather_state(model, optimizers)
+    name = f"model_{step:06d}.pt"
+    if rt.master:  # the loader's position is the same on every rank
+        path = os.path.join(cfg["log_dir"], name)
+        cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
+        save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
+                         "optimizer": optimizer_state, "step": step, "config": cfg, "world_size": rt.world_size,
+                         "dataloader": loader.state_dict(), "scaler": scaler.state_dict(),
+                         "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
+        for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
+            os.remove(old)
+        print0(f"checkpoint: {path}")
+    return f"{name} (step {step})"
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
+# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer
+# with its weight decay (its saved state, param groups included, is restored as it was).
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")
+STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+FIXED = SHAPE + STREAM + ("optimizer", "weight_decay")
+
+
+def resume_settings(saved, cfg, saved_world, world_size, log_dir):
+    """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of a
+    FIXED setting ends here with one message listing every difference and the two ways out; other changes are
+    applied and noted."""
+    fixed = [k for k in FIXED if saved[k] != cfg[k]]
+    if fixed:
+        raise SystemExit(f"error: the run in {log_dir} has "
+                         + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
+                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a new "
+                         "one with --log_dir=NEW")
+    cfg, notes = dict(cfg), []
+    rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
+    if rows != saved_rows and cfg["val_steps"] == saved["val_steps"] and saved["val_steps"] * saved_rows % rows == 0:
+        cfg["val_steps"] = saved["val_steps"] * saved_rows // rows  # validate on the same rows as before
+    for k in cfg:
+        if k != "init_from" and k in saved and saved[k] != cfg[k]:
+            notes.append(f"{k} changed since the checkpoint: {saved[k]!r} -> {cfg[k]!r}")
+    if saved_world != world_size:
+        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
+    return cfg, notes
+
+
+def truncate_log(path, step):
+    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
+    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
+    if not os.path.exists(path):
+        return 0
+    keep, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if record.get("step", 0) > step:
+                dropped += 1
+            else:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+    return dropped
+
+
+class Resume:
+    """The run in log_dir to continue. meta: what every rank needs of its newest checkpoint that verifies; the
+    weights and optimizer states stay on rank 0 (ckpt) until restore() broadcasts them."""
+
+    def __init__(self, meta, ckpt, finished=False):
+        self.meta, self.ckpt, self.finished = meta, ckpt, finished
+        self.step, self.path, self.model_config = meta["step"], meta["path"], meta["model_config"]
+
+    def restore(self, model, optimizers, scaler, loader, rt):
+        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
+        load_state(model, optimizers, self.ckpt, rt.distributed)
+        if scaler.is_enabled():  # fp16: continue with the loss scale it had reached
+            scaler.load_state_dict(self.meta["scaler"])
+        torch.set_rng_state(self.meta["rng"]["cpu"])
+        if rt.kind == "cuda" and self.meta["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(self.meta["rng"]["cuda"])
+        with one_line_errors():  # the shards changed since the checkpoint
+            loader.load_state_dict(self.meta["dataloader"])
+        self.ckpt = None  # its tensors are copied into the model and optimizer
+        return self.step
+
+
+def find_resume(cfg, overrides, rt, metrics_path):
+    """(cfg, Resume or None): whether this run continues the one in log_dir, decided before any model is built.
+    Checkpoints there make init_from=scratch a resume (unless scratch was asked for: refused); rank 0 reads
+    the newest that verifies and shares the verdict; a finished run, or a change of a FIXED setting, ends the
+    run. A resume drops the metrics records the lost steps left."""
+    existing = checkpoints(cfg["log_dir"])
+    if cfg["eval_only"] and existing:
+        raise SystemExit(f"error: {cfg['log_dir']} holds a training run's checkpoints: give --eval_only=True a "
+                         f"log_dir of its own (--log_dir=NEW)")
+    if cfg["init_from"] == "scratch" and existing:
+        if "init_from" in overrides:
+            raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
+                             f"continues it, or choose another --log_dir")
+        cfg = {**cfg, "init_from": "resume"}
+    if cfg["init_from"] != "resume":
+        return cfg, None
+    if not existing:
+        raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
+    ckpt, meta = None, None
+    if rt.master:  # rank 0 reads and verifies; the others get the verdict, and the weights in restore()
+        try:
+            path, ckpt = newest_valid(cfg["log_dir"], print0)
+            meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
+        except CheckpointError as e:
+            meta = {"error": str(e)}
+    if rt.distributed:
+        meta = broadcast_object(meta)
+    if "error" in meta:
+        raise SystemExit(f"error: {meta['error']}")
+    cfg, changes = resume_settings(meta["config"], cfg, meta["world_size"], rt.world_size, cfg["log_dir"])
+    if meta["step"] >= cfg["max_steps"]:
+        print0(f"the run in {cfg['log_dir']} is already finished at step {meta['step']} (max_steps="
+               f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        return cfg, Resume(meta, None, finished=True)
+    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)")
+    for change in changes:
+        print0(f"NOTE: {change}")
+    if rt.master:
+        dropped = truncate_log(metrics_path, meta["step"])
+        if dropped:
+            print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
+                   f"interrupted attempt's, redone now)")
+    return cfg, Resume(meta, ckpt)

@@ -173,11 +173,6 @@ class DataLoaderLite:
                 "shards": [os.path.basename(name) for name, _ in self.shards]}
 
     def load_state_dict(self, state):
-        if "row" not in state:  # written before positions were counted in rows: (step, B, num_processes)
-            if state["shuffle"]:
-                raise ValueError("the saved loader state is from an older version with shuffle=True, whose row "
-                                 "order this version does not reproduce: resume with that version or start afresh")
-            state = {**state, "row": state["step"] * state["B"] * state["num_processes"]}
         mine = self.state_dict()
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:

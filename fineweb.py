@@ -67,8 +67,8 @@ def iter_documents(input_path, text_field):
             logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
             ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
         except Exception as e:  # offline, no datasets package, Hub outage: the same way out
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub ({reason}); "
+            from runtime import first_line  # here: runtime imports torch, which fineweb.py needs nowhere else
+            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub ({first_line(e)}); "
                           f"offline, --input takes local data: .jsonl/.parquet/.txt files, a folder of them, or a "
                           f"datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)

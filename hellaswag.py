@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from dataloader import iter_jsonl
-from model import autocast, pick_device
+from runtime import autocast, first_line, one_line_errors, pick_device
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -56,8 +56,7 @@ def download(cache_dir):
                 from datasets import load_dataset
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
-                reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-                raise OSError(f"could not download HellaSwag ({reason}); offline, pass a local copy of "
+                raise OSError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy of "
                               f"hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
@@ -192,23 +191,19 @@ def main():
     if args.batch_size < 1:
         parser.error(f"--batch_size={args.batch_size} must be >= 1")
 
-    from model import load_model
+    from checkpoint import load_model
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    try:
+    with one_line_errors():
         device = pick_device(args.device)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
     if world_size > 1:  # launched by torchrun
         import torch.distributed as dist
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    try:  # expected mistakes (a missing or damaged file, no network) end in one line
+    with one_line_errors():  # a missing or damaged file, no network
         examples = load_examples(args.data, args.limit)
         model = load_model(args.model).to(device).eval()
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
 

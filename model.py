@@ -1,16 +1,13 @@
-"""GPT-2 in one file: the model, multi-query / grouped-query attention, KV-cache decoding, import and
-export of Hugging Face GPT-2 weights, and the FLOP / memory accounting used for MFU.
+"""GPT-2 in one file: the model, multi-query / grouped-query attention, KV-cache decoding, and import and
+export of Hugging Face GPT-2 weights.
 
 Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_attn.weight, ...), except
 that we use nn.Linear where HF uses Conv1D, so those weights are transposed on the way in and out.
 """
-import contextlib
 import dataclasses
 import json
 import math
 import os
-import platform
-import re
 from typing import Optional
 
 import torch
@@ -18,7 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from checkpoint import load_checkpoint
+from runtime import first_line
 
 GPT2_VOCAB = 50257  # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
 GPT2_SIZES = {  # OpenAI's four GPT-2 shapes (parameters at vocab 50257; HF names gpt2, -medium, -large, -xl)
@@ -174,6 +171,12 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    def num_params(self, non_embedding=False):
+        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the position
+        embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
     def forward(self, idx, targets=None, cache=None, reduction="mean"):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean cross-entropy
         (targets of -1 are ignored), or with reduction="none" each token's, (B*T,). With a KVCache, idx holds
@@ -197,33 +200,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
                                    reduction=reduction)
         return logits, loss
-
-    # ----------------------------------------------------------------------------------------------------
-    # training
-
-    def configure_optimizers(self, weight_decay, learning_rate, device_type, fused=None, params=None):
-        """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains.
-        fused=None uses the fused kernel on CUDA (bench.py turns it off to measure what it is worth). params:
-        those to optimize (default: all trainable ones)."""
-        params = [p for p in (self.parameters() if params is None else params) if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        # the fused kernel does the whole update in a few launches instead of several per tensor
-        fused = device_type == "cuda" if fused is None else fused
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-
-    def configure_muon(self, weight_decay, adamw_lr, muon_lr, device_type):
-        """[Muon, AdamW]: torch.optim.Muon for the blocks' weight matrices (attention and MLP: each update is
-        orthogonalized, so every direction of the matrix moves alike), AdamW for the rest (embeddings = lm_head,
-        biases, LayerNorm), which Muon is not meant for. Muon's step is scaled to AdamW's update size
-        (match_rms_adamw), so its learning rate is of AdamW's order."""
-        matrices = [p for p in self.transformer.h.parameters() if p.dim() == 2]
-        ids = {id(p) for p in matrices}
-        muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
-        adamw = self.configure_optimizers(weight_decay, adamw_lr, device_type,
-                                          params=[p for p in self.parameters() if id(p) not in ids])
-        return [muon, adamw]
 
     # ----------------------------------------------------------------------------------------------------
     # sampling
@@ -322,78 +298,6 @@ class GPT(nn.Module):
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
 
-    # ----------------------------------------------------------------------------------------------------
-    # accounting
-
-    def num_params(self, non_embedding=False):
-        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the position
-        embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
-
-
-def device_name(device):
-    """A device's name for logs and reports: the GPU's; for a CPU its model and cores, and whether it has bf16
-    matmul instructions (AVX-512-BF16 or AMX): without them PyTorch emulates bf16 and runs it many times slower."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.cuda.get_device_name(device)
-    if kind == "mps":
-        return "Apple GPU (mps)"
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        name = re.search(r"^model name\s*:\s*(.*)$", info, re.M).group(1)
-        flags = re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split()
-        bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
-    except (OSError, AttributeError):  # not Linux
-        name, bf16 = platform.processor() or "CPU", "unknown"
-    return f"{name} ({os.cpu_count()} cores, {bf16} AVX-512-BF16/AMX)"
-
-
-def pick_device(name="auto"):
-    """The device to run on: "auto" is cuda, then mps (Apple GPUs), then cpu; a device that is named but not
-    there is a ValueError that says so."""
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available, "cpu": lambda: True}
-    if name == "auto":
-        return next(kind for kind, there in available.items() if there())
-    if name not in available:
-        raise ValueError(f"--device={name!r}: use auto, cuda, mps or cpu")
-    if not available[name]():
-        raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks cuda, "
-                         f"mps or cpu, whichever is there)")
-    return name
-
-
-def synchronize(device):
-    """Wait for the device's queued work (GPUs run asynchronously): before reading a clock."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        torch.cuda.synchronize(device)
-    elif kind == "mps":
-        torch.mps.synchronize()
-
-
-def resolve_dtype(dtype, device):
-    """The compute dtype: "auto" is bf16 on a CUDA GPU that has it (Ampere and later), fp16 with loss scaling on
-    one that has not (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
-    kind = torch.device(device).type
-    if dtype == "auto":
-        return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if kind == "cuda" else "fp32"
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"--dtype={dtype!r}: use auto, bf16, fp16 or fp32")
-    if dtype != "fp32" and not torch.amp.is_autocast_available(kind):
-        raise ValueError(f"--dtype={dtype}: this torch has no autocast on {kind}; use --dtype=fp32")
-    return dtype
-
-
-def autocast(device, dtype="auto"):
-    """The project's mixed precision: matmuls in bf16 or fp16 under autocast (see resolve_dtype), or fp32."""
-    dtype = resolve_dtype(dtype, device)
-    if dtype == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
-
 
 def download_gpt2(name):
     """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face Hub's
@@ -412,9 +316,8 @@ def download_gpt2(name):
         for file in ("config.json", "model.safetensors"):
             path = hf_hub_download(PRETRAINED[name], file)
     except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face Hub "
-                      f"({reason}); without internet, pass a local folder in HF GPT-2 format (config.json + "
+                      f"({first_line(e)}); without internet, pass a local folder in HF GPT-2 format (config.json + "
                       f"model.safetensors) instead") from None
     return os.path.dirname(path)
 
@@ -440,98 +343,6 @@ def read_hf_weights(folder):
         if os.path.exists(pt):
             return torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors' and torch's errors for truncated or altered files
-        raise ValueError(f"{st if os.path.exists(st) else pt} is damaged ({str(e)[:160]}): download or save "
+        raise ValueError(f"{st if os.path.exists(st) else pt} is damaged ({first_line(e)}): download or save "
                          f"it again") from None
     raise FileNotFoundError(f"{folder} holds no model.safetensors or pytorch_model.bin")
-
-
-def load_model(spec):
-    """A GPT from a train_gpt2.py checkpoint (.pt, verified against its checksum), an HF GPT-2 folder, or an
-    OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
-    if spec.endswith(".pt"):
-        ckpt = load_checkpoint(spec)
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-        return model
-    return GPT.from_pretrained(spec)
-
-
-def count_params(config, non_embedding=False):
-    """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
-    C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
-    attn = C * (C + 2 * kv) + (C + 2 * kv) + C * C + C  # c_attn, c_proj (weights + biases)
-    mlp = C * 4 * C + 4 * C + 4 * C * C + C  # c_fc, c_proj
-    n = config.vocab_size * C + config.block_size * C + L * (attn + mlp + 4 * C) + 2 * C  # + ln_1, ln_2, ln_f
-    return n - config.block_size * C if non_embedding else n
-
-
-def flops_per_token(config, T=None):
-    """Training FLOPs per token, forward + backward (PaLM appendix B, as in nanoGPT's MFU):
-        6·N             every weight does a multiply-add (2 FLOPs) forward and twice that backward,
-                        N = parameters without position embeddings (lm_head = wte counts);
-        + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and layer,
-                        times 3 for forward + backward (L layers, H query heads of size Q, context T).
-    The causal mask halves the useful attention work; like everyone's MFU, we count the full square.
-    GPT-2 124M (vocab 50304, T=1024): 6·123,689,472 + 12·12·12·64·1024 = 855.4 MFLOP a token."""
-    T = config.block_size if T is None else T
-    L, H, Q = config.n_layer, config.n_head, config.head_dim
-    return 6 * count_params(config, non_embedding=True) + 12 * L * H * Q * T
-
-
-# dense bf16 tensor-core peaks (no sparsity), TFLOP/s; the most specific name is matched first
-PEAK_BF16_TFLOPS = {"H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "H200": 989, "A100": 312}
-
-
-def peak_flops(device_name):
-    """Dense bf16 peak FLOP/s for a CUDA device name (torch.cuda.get_device_name()), or None if unknown."""
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return tflops * 1e12
-    return None
-
-
-def mfu(config, tokens_per_sec, peak, T=None):
-    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is None."""
-    return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
-
-
-def training_memory(config, B, T, dtype="bf16", shards=1):
-    """Estimated training memory in bytes per process, by part, for micro-batch B x T with AdamW and fp32
-    master weights; shards > 1: FSDP over that many ranks.
-
-    dtype is the compute dtype: "bf16" or "fp16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
-    params, grads: 4 bytes a parameter each; adamw: exp_avg + exp_avg_sq, 8 bytes a parameter;
-    weight_copies: under autocast the bf16 casts of the matmul weights are cached for the step, 2 bytes each.
-    activations: what autograd keeps for backward, per token and layer:
-        the two LayerNorm inputs (the fp32 residual stream), 2 x 4·C bytes, and their mean/rstd;
-        in the compute dtype: c_attn input C, q/k/v C + 2·kv, attention output C (SDPA returns it laid out
-        as (B, T, nh, hs), so re-assembling the heads copies nothing), c_fc input C, GELU input 4·C, c_proj
-        input 4·C (12·C + 2·kv), and the attention's log-sum-exp per head (flash attention keeps no T x T);
-    then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
-    each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
-    and one block's activations are live at a time in backward.
-    FSDP (shards ranks) keeps 1/shards of params, grads and adamw on each rank, and adds "gathered": the
-    full fp32 parameters and gradients of the units being computed (the root, wte = lm_head with wpe and ln_f,
-    stays gathered from forward to backward; two blocks at a time, one of them prefetched). The autocast
-    weight copies are made from gathered parameters and kept until backward: they are not sharded.
-    Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
-    if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
-    a = 4 if dtype == "fp32" else 2  # bytes per activation in the compute dtype
-    C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
-    N = count_params(config)
-    layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
-    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8  # ln_f, lm_head input, logits, log-probs, idx/targets
-    blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
-    block = count_params(dataclasses.replace(config, n_layer=2)) - count_params(dataclasses.replace(config, n_layer=1))
-    root = N - L * block  # wte (= lm_head), wpe, ln_f
-    parts = {
-        "params": 4 * N / shards,
-        "grads": 4 * N / shards,
-        "adamw": 8 * N / shards,
-        "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
-        "weight_copies": 0 if dtype == "fp32" else 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C),
-        "activations": B * T * (blocks + head),
-    }
-    parts["total"] = sum(parts.values())
-    return parts

@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from model import autocast, load_model, pick_device, synchronize
+from checkpoint import load_model
+from runtime import autocast, one_line_errors, pick_device, synchronize
 from tokenizer import get_encoding
 
 
@@ -47,11 +48,9 @@ def main():
                 prompt = f.read()
         except FileNotFoundError:
             parser.error(f"prompt file {prompt[5:]} does not exist")
-    try:  # expected mistakes (a missing or damaged file, no network, no such device) end in one line
+    with one_line_errors():  # a missing or damaged file, no network, no such device
         device = pick_device(args.device)
         model = load_model(args.model)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
     model.to(device).eval()
     texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
                           args.top_k or None, args.seed, device)

@@ -1,19 +1,17 @@
+"""bench.py: the report of a CPU run through its command line, and the pieces a CPU cannot reach in it (GPU kernel
+names, running out of GPU memory). gpu_check's parts that run on a CPU."""
 import json
-import os
 import re
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import script
 
 
 def test_bench_cpu_smoke(tmp_path):
     """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it)."""
     out = tmp_path / "bench.md"
     trace = tmp_path / "trace.json"
-    r = subprocess.run([sys.executable, "bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1",
-                        "--warmup", "1", "--out", str(out), "--trace", str(trace)], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = script("bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1", "--warmup", "1", "--out", str(out),
+               "--trace", str(trace))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     report = out.read_text()
@@ -37,7 +35,8 @@ def test_bench_cpu_smoke(tmp_path):
 def test_presets_table():
     """Per GPT-2 size: memory per GPU under DDP and FSDP x8 and the largest B that fits, by model.py's estimate."""
     import bench
-    from model import GPT2_SIZES, GPTConfig, training_memory
+    from accounting import training_memory
+    from model import GPT2_SIZES, GPTConfig
     lines = bench.presets(1024)
     row = re.compile(r"^\| (\d+M) \| [\d,]+ \| ([\d.]+) GiB \| ([\d.]+) GiB \| (\d+) / (\d+) \| (\d+) / (\d+) \|$")
     rows = [m for m in map(row.match, lines) if m]
@@ -54,7 +53,7 @@ def test_presets_table():
 
 
 def test_bench_bad_rung():
-    r = subprocess.run([sys.executable, "bench.py", "--skip", "warp"], cwd=ROOT, capture_output=True, text=True)
+    r = script("bench.py", "--skip", "warp")
     assert r.returncode != 0 and "rungs are fp32, tf32, bf16, compile, flash, vocab, fused" in r.stderr
 
 
@@ -134,7 +133,7 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
 def test_gpu_check_parts_that_run_on_a_cpu():
     """--gpu-check's flash check reads the op SDPA really ran from the profiler (on a CPU: its flash op too),
     and the recompile count splits TORCH_LOGS output at a marker line."""
-    from bench import check_flash, recompiles
+    from gpu_check import check_flash, recompiles
     ok, detail = check_flash("cpu")
     assert ok and "aten::_scaled_dot_product_flash_attention_for_cpu" in detail, detail
     out = "\n".join(["V [0/1] [__recompiles] Recompiling function forward", "step 5: hellaswag acc_norm 0.25",

@@ -1,16 +1,12 @@
 """checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is used."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from checkpoint import CheckpointError, checksum, load_checkpoint, newest_valid, save_checkpoint
+from checkpoint import CheckpointError, checksum, load_checkpoint, load_model, newest_valid, save_checkpoint
+from conftest import assert_one_line_error, script
 from model import GPT, GPTConfig
-from test_first_contact import assert_one_line_error
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
 
 
@@ -57,9 +53,18 @@ def test_damage_is_detected(tmp_path):
     assert not torch.equal(flipped["model"][key], state()["model"][key])
 
 
-def test_checkpoints_without_a_checksum_load_unverified(tmp_path):
-    torch.save(state(), tmp_path / "old.pt")
-    assert load_checkpoint(str(tmp_path / "old.pt"))["checksum"] is None
+def test_a_checkpoint_without_a_checksum_is_refused(tmp_path):
+    torch.save(state(), tmp_path / "unverifiable.pt")
+    with pytest.raises(CheckpointError, match="is not a train_gpt2.py checkpoint .*'checksum'"):
+        load_checkpoint(str(tmp_path / "unverifiable.pt"))
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(ValueError, match="checkpoint .*nope.pt does not exist"):
+        load_model(str(tmp_path / "nope.pt"))
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a train_gpt2.py checkpoint"):
+        load_model(str(tmp_path / "other.pt"))
 
 
 def test_newest_valid(tmp_path):
@@ -76,15 +81,13 @@ def test_newest_valid(tmp_path):
         newest_valid(str(tmp_path), notes.append)
 
 
-@pytest.mark.parametrize("script", ["sample.py", "hellaswag.py"])
-def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, script):
+@pytest.mark.parametrize("name", ["sample.py", "hellaswag.py"])
+def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name):
     path = str(tmp_path / "model_000003.pt")
     save_checkpoint(state(), path)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 200)
     data = tmp_path / "hs.jsonl"
     data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
-    r = subprocess.run([sys.executable, script, "--model", path, "--device", "cpu"]
-                       + (["--data", str(data)] if script == "hellaswag.py" else []),
-                       cwd=ROOT, capture_output=True, text=True)
+    r = script(name, "--model", path, "--device", "cpu", *(["--data", str(data)] if name == "hellaswag.py" else []))
     assert_one_line_error(r, f"checkpoint {path} is damaged: it cannot be read")

@@ -12,11 +12,9 @@ import pytest
 import fineweb
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, tokenize_text_file,
                         write_shard)
+from conftest import DOCS, ROOT, assert_one_line_error
 from tokenizer import get_encoding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",
-        "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1) for i in range(60)]
 
 
 def reference(docs):
@@ -24,7 +22,8 @@ def reference(docs):
     return np.array([t for d in docs for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
 
 
-def write_jsonl(path, docs, field="text"):
+def write_docs(path, docs, field="text"):
+    """docs as a .jsonl corpus for fineweb.py, each in field."""
     with open(path, "w", encoding="utf-8") as f:
         for i, d in enumerate(docs):
             f.write(json.dumps({"id": i, field: d}) + "\n")
@@ -37,7 +36,7 @@ def shards_of(out_dir):
 def make(tmp_path, docs=DOCS, shard_size=97, **kw):
     tmp_path.mkdir(parents=True, exist_ok=True)
     src = tmp_path / "corpus.jsonl"
-    write_jsonl(src, docs)
+    write_docs(src, docs)
     out = tmp_path / "shards"
     fineweb.main(str(src), str(out), kw.get("text_field", "text"), shard_size, "t", 2)
     return out
@@ -57,7 +56,7 @@ def test_shards_hold_eot_prefixed_tokens_in_order(tmp_path):
 
 def test_cli_end_to_end(tmp_path):
     src = tmp_path / "corpus.jsonl"
-    write_jsonl(src, DOCS)
+    write_docs(src, DOCS)
     r = subprocess.run([sys.executable, "fineweb.py", "--input", str(src), "--out_dir", str(tmp_path / "o"),
                         "--shard_size", "1e3", "--prefix", "x"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -71,7 +70,7 @@ def test_local_input_kinds(tmp_path):
     import pyarrow as pa
     d = tmp_path / "mixed"
     (d / "sub").mkdir(parents=True)
-    write_jsonl(d / "a.jsonl", DOCS[:10])
+    write_docs(d / "a.jsonl", DOCS[:10])
     pq.write_table(pa.table({"text": DOCS[10:30], "n": list(range(20))}), d / "b.parquet")
     (d / "sub" / "c.txt").write_text("a whole file is one document\n\nwith paragraphs", encoding="utf-8")
     (d / "notes.md").write_text("ignored")
@@ -124,7 +123,7 @@ def test_resume_after_sigkill(tmp_path):
     rng = np.random.default_rng(0)
     docs = [" ".join(rng.choice(words, size=int(rng.integers(50, 400)))) for _ in range(3000)]
     src = tmp_path / "big.jsonl"
-    write_jsonl(src, docs)
+    write_docs(src, docs)
     cmd = [sys.executable, "fineweb.py", "--input", str(src), "--shard_size", "10000", "--workers", "2"]
     subprocess.run(cmd + ["--out_dir", str(tmp_path / "clean")], cwd=ROOT, check=True, capture_output=True)
     expected = {os.path.basename(p): open(p, "rb").read() for p in shards_of(tmp_path / "clean")}
@@ -159,9 +158,8 @@ def test_resume_after_sigkill(tmp_path):
 
 
 def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
-    from test_first_contact import assert_one_line_error
     src = tmp_path / "corpus.jsonl"
-    write_jsonl(src, DOCS)
+    write_docs(src, DOCS)
     (tmp_path / "afile").write_text("x")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     cli = [sys.executable, "fineweb.py", "--workers", "1"]
@@ -196,7 +194,7 @@ def test_fineweb_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="is empty"):
         fineweb.main(str(tmp_path / "empty.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
-    write_jsonl(tmp_path / "body.jsonl", ["x"], field="body")
+    write_docs(tmp_path / "body.jsonl", ["x"], field="body")
     with pytest.raises(ValueError, match=r"body.jsonl:1: no field 'text' \(fields: id, body\)"):
         fineweb.main(str(tmp_path / "body.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
@@ -352,20 +350,6 @@ def test_resume_with_another_batch_size_or_world_size(tmp_path, shuffle):
         for l in b:
             l.load_state_dict(state)
         assert stream(b, n) == expected and n >= 120
-
-
-def test_old_loader_state_converts(tmp_path):
-    root = toy_shards(tmp_path)
-    a = DataLoaderLite(2, 16, 0, 2, "train", root)
-    for _ in range(5):
-        a.next_batch()
-    old = {"epoch": 0, "shard": 0, "step": 5, "B": 2, "T": 16, "num_processes": 2, "split": "train",
-           "shuffle": False, "seed": 0, "shards": a.state_dict()["shards"]}
-    b = DataLoaderLite(2, 16, 0, 2, "train", root)
-    b.load_state_dict(old)
-    assert (a.next_batch()[0] == b.next_batch()[0]).all()
-    with pytest.raises(ValueError, match="older version with shuffle=True"):
-        b.load_state_dict({**old, "shuffle": True})
 
 
 def test_text_file_root(tmp_path):

@@ -11,12 +11,10 @@ import torch
 from torch.nn import functional as F
 
 import fineweb
-from checkpoint import checkpoints, save_checkpoint
+from checkpoint import checkpoints
+from conftest import DOCS, ROOT, hellaswag_example, records, save_model, train, write_jsonl
 from dataloader import DataLoaderLite, load_shard
 from model import GPT, GPTConfig
-from test_data import DOCS, write_jsonl
-from test_hellaswag import example, write_jsonl as write_hellaswag
-from test_train import ROOT, records, run
 from tokenizer import EOT, get_encoding
 
 B, T, VAL_STEPS = 2, 16, 3
@@ -29,14 +27,13 @@ def setup(tmp_path_factory):
     """Shards of documents with <|endoftext|> between them and multi-byte characters; a tiny random GPT-2
     saved as an HF folder and as a checkpoint; 5 HellaSwag examples."""
     d = tmp_path_factory.mktemp("eval")
-    write_jsonl(d / "corpus.jsonl", DOCS * 2)
+    write_jsonl(d / "corpus.jsonl", [{"text": doc} for doc in DOCS * 2])
     fineweb.main(str(d / "corpus.jsonl"), str(d / "shards"), "text", 400, "t", 2)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
     model.save_pretrained(d / "hf")
-    save_checkpoint({"model": model.state_dict(), "model_config": vars(model.config).copy(), "step": 7},
-                    str(d / "model_000007.pt"))
-    data = write_hellaswag(d / "hs.jsonl", [example(i) for i in range(5)])
+    save_model(model, d / "model_000007.pt", step=7)
+    data = write_jsonl(d / "hs.jsonl", [hellaswag_example(i) for i in range(5)])
     return d, model, data
 
 
@@ -67,7 +64,7 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     record says what ran the run."""
     d, model, data = setup
     log = tmp_path / "log"
-    r = run(EVAL + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--data_root={d / 'shards'}", "--hellaswag=5",
+    r = train(EVAL + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--data_root={d / 'shards'}", "--hellaswag=5",
                     f"--hellaswag_data={data}", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
     recs = records(log)
     assert recs[0]["event"] == "start" and not any("loss" in rec for rec in recs) and not checkpoints(log)
@@ -101,7 +98,7 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     log = tmp_path / "ckpt"
     log.mkdir()
     (log / "metrics.jsonl").write_text('{"step": 0, "val_loss": 1.0}\n')  # an earlier evaluation's
-    run(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
+    train(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
     recs = records(log)
     (val,) = [rec for rec in recs if "val_loss" in rec]
     assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 DEPENDENCIES = ("torch", "transformers", "datasets", "huggingface_hub", "tiktoken", "numpy", "tqdm", "safetensors",
                 "matplotlib", "triton", "pyarrow")
 
@@ -85,11 +85,3 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=no_triton, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
-
-
-def assert_one_line_error(r, *phrases):
-    """An expected mistake: exit status 1, one line on stderr naming what is wrong, no traceback."""
-    err = r.stderr.strip()
-    assert r.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, (r.returncode, err[-3000:])
-    for phrase in phrases:
-        assert phrase in err, (phrase, err)

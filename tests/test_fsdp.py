@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from checkpoint import checkpoints
-from test_hellaswag import example, write_jsonl
-from test_train import ENV, SCRIPT, TINY, final_weights, loss_steps, losses, records, text  # noqa: F401 (fixture)
+from conftest import ENV, ROOT, SCRIPT, TINY, final_weights, hellaswag_example, loss_steps, losses, records, write_jsonl
 
 TIMEOUT = 300  # seconds; these runs take ~15 s, a hang would take forever
 
@@ -40,7 +39,7 @@ def args(text, data, log_dir):
 def runs(tmp_path_factory, text):
     """The same 8 steps under DDP and under FSDP (2 gloo ranks each)."""
     d = tmp_path_factory.mktemp("fsdp")
-    data = write_jsonl(d / "hs.jsonl", [example(i) for i in range(5)])
+    data = write_jsonl(d / "hs.jsonl", [hellaswag_example(i) for i in range(5)])
     out = {}
     for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
         out[name] = torchrun(args(text, data, d / name) + extra, cwd=d)
@@ -112,7 +111,9 @@ def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
 MEMORY_CHECK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from model import GPT, GPTConfig, training_memory
+from accounting import training_memory
+from model import GPT, GPTConfig
+from optimizers import adamw
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 config = GPTConfig(block_size=64, vocab_size=50304, n_layer=3, n_head=2, n_embd=48)
@@ -120,7 +121,7 @@ model = GPT(config)
 for block in model.transformer.h:
     fully_shard(block)
 fully_shard(model)
-opt = model.configure_optimizers(0.1, 1e-3, "cpu")
+opt = adamw(model.parameters(), 0.1, 1e-3, "cpu")
 x = torch.randint(0, 50257, (2, 64))
 model(x, x)[1].backward()
 opt.step()
@@ -137,7 +138,7 @@ def test_memory_estimate_matches_what_the_shards_hold(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(MEMORY_CHECK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    r = subprocess.run(cmd, cwd=os.path.dirname(SCRIPT), env={**ENV, "PYTHONPATH": os.path.dirname(SCRIPT)},
+    r = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]

@@ -1,4 +1,3 @@
-import dataclasses
 import json
 import os
 import re
@@ -11,38 +10,17 @@ import pytest
 import torch
 
 import hellaswag
-from model import GPT, GPTConfig, load_model
+from conftest import ROOT, assert_one_line_error, hellaswag_example as example, save_model, script, write_jsonl
+from model import GPT, GPTConfig
 from tokenizer import get_encoding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
-
-
-def example(i, label=None):
-    """An example in the original jsonl format; lengths vary so several padding buckets are used."""
-    ctx = f"Example {i}: a person is standing in a kitchen and" + " then" * (i * 5 % 70)
-    endings = [f"picks up a knife number {j}" + " slowly" * ((i + j) % 4) for j in range(4)]
-    return {"ind": i, "activity_label": "Cooking", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
-            "split_type": "indomain", "label": (i * 7) % 4 if label is None else label, "endings": endings,
-            "source_id": f"test~{i}"}
-
-
-def write_jsonl(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
     return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
-
-
-def save_checkpoint(model, path):
-    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, path)
-    return str(path)
 
 
 def test_render_and_masks():
@@ -141,7 +119,7 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch):
 
 def test_cli_single_and_torchrun_gloo(model, tmp_path):
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(11)])
-    ckpt = save_checkpoint(model, tmp_path / "model.pt")
+    ckpt = save_model(model, tmp_path / "model.pt")
     ref = hellaswag.evaluate_unbatched(model, hellaswag.load_examples(data), "cpu")
     line = re.compile(r"hellaswag: (\d+) examples, acc (\S+), acc_norm (\S+), \S+ examples/s")
     args = ["hellaswag.py", "--model", ckpt, "--data", data, "--device", "cpu", "--batch_size", "4"]
@@ -156,19 +134,9 @@ def test_cli_single_and_torchrun_gloo(model, tmp_path):
         assert len(line.findall(out.stdout)) == 1  # printed by rank 0 only
 
 
-def test_load_model_errors(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint .*nope.pt does not exist"):
-        load_model(str(tmp_path / "nope.pt"))
-    torch.save({"weights": {}}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="not a train_gpt2.py checkpoint"):
-        load_model(str(tmp_path / "other.pt"))
-
-
 def test_cli_missing_data_is_one_line(model, tmp_path):
-    from test_first_contact import assert_one_line_error
-    ckpt = save_checkpoint(model, tmp_path / "model.pt")
-    r = subprocess.run([sys.executable, "hellaswag.py", "--model", ckpt, "--data", str(tmp_path / "hs.jsonl"),
-                        "--device", "cpu"], cwd=ROOT, capture_output=True, text=True)
+    ckpt = save_model(model, tmp_path / "model.pt")
+    r = script("hellaswag.py", "--model", ckpt, "--data", str(tmp_path / "hs.jsonl"), "--device", "cpu")
     assert_one_line_error(r, "HellaSwag data", "hs.jsonl does not exist")
 
 

@@ -8,10 +8,10 @@ import pytest
 import safetensors.torch
 import torch
 
-from model import (GPT, GPT2_VOCAB, GPTConfig, KVCache, count_params, flops_per_token, mfu, peak_flops,
-                   training_memory)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
+from conftest import ROOT, script
+from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
+from optimizers import adamw, muon
 
 
 def tiny(**kw):
@@ -50,7 +50,7 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
         m = GPT(GPTConfig())
         assert m.num_params() == 124_439_808 == count_params(GPTConfig())
         m = GPT(GPTConfig(vocab_size=50304))
-    opt = m.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, device_type="cpu")
+    opt = adamw(m.parameters(), weight_decay=0.1, lr=6e-4, device_type="cpu")
     decay, no_decay = opt.param_groups
     assert (len(decay["params"]), sum(p.numel() for p in decay["params"])) == (50, 124_354_560)
     assert (len(no_decay["params"]), sum(p.numel() for p in no_decay["params"])) == (98, 121_344)
@@ -58,14 +58,14 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8 and not opt.defaults["fused"]
     # Muon: the blocks' 48 weight matrices (4 a block); AdamW: the embeddings (wte = lm_head, wpe) with decay,
     # biases and LayerNorm without; every parameter in exactly one group
-    muon, adamw = m.configure_muon(weight_decay=0.1, adamw_lr=6e-4, muon_lr=0.02, device_type="cpu")
-    (matrices,), (emb, rest) = [g["params"] for g in muon.param_groups], adamw.param_groups
+    muon_opt, adamw_opt = muon(m, weight_decay=0.1, adamw_lr=6e-4, muon_lr=0.02, device_type="cpu")
+    (matrices,), (emb, rest) = [g["params"] for g in muon_opt.param_groups], adamw_opt.param_groups
     names = {id(p): n for n, p in m.named_parameters()}
     assert len(matrices) == 48 and all(p.dim() == 2 and names[id(p)].startswith("transformer.h.") for p in matrices)
     assert sorted(names[id(p)] for p in emb["params"]) == ["transformer.wpe.weight", "transformer.wte.weight"]
     assert emb["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and len(rest["params"]) == 98
     grouped = [id(p) for p in matrices + emb["params"] + rest["params"]]
-    assert sorted(grouped) == sorted(names) and muon.defaults["lr"] == 0.02 and adamw.defaults["lr"] == 6e-4
+    assert sorted(grouped) == sorted(names) and muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3}])
@@ -264,8 +264,7 @@ def test_import_export_need_no_transformers(tmp_path):
 def test_offline_name_is_one_line(tmp_path):
     """Offline, --model gpt2 ends in one line saying a local folder works instead, never a traceback."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
-    r = subprocess.run([sys.executable, "sample.py", "--model", "gpt2", "--device", "cpu"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    r = script("sample.py", "--model", "gpt2", "--device", "cpu", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert "could not download GPT-2 weights 'gpt2'" in r.stderr and "pass a local folder" in r.stderr
@@ -400,7 +399,7 @@ def test_generate_errors():
 # ---------------------------------------------------------------------------------------------- devices, precision
 
 def test_pick_device_and_dtype(monkeypatch):
-    from model import autocast, pick_device, resolve_dtype
+    from runtime import autocast, pick_device, resolve_dtype
     gpus = {"cuda": False, "mps": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["cuda"])
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: gpus["mps"])

@@ -1,18 +1,13 @@
-import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import plot
 import sample
+from conftest import save_model, script
 from model import GPT, GPTConfig
 from tokenizer import get_encoding
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +22,12 @@ def checkpoint(tmp_path_factory):
         opt.zero_grad()
         model(x, y)[1].backward()
         opt.step()
-    path = tmp_path_factory.mktemp("ckpt") / "model_000060.pt"
-    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, path)
-    return str(path), model.eval()
+    path = save_model(model, tmp_path_factory.mktemp("ckpt") / "model_000060.pt", step=60)
+    return path, model.eval()
 
 
 def run_sample(*args):
-    return subprocess.run([sys.executable, "sample.py", *args], cwd=ROOT, capture_output=True, text=True)
+    return script("sample.py", *args)
 
 
 def test_sample_cli(checkpoint, tmp_path):
@@ -90,8 +84,7 @@ def test_plot_resumed_and_live_log(tmp_path):
     series = plot.load_metrics(str(log))
     assert sorted(series["loss"]) == list(range(1, 46)) and series["loss"][35] == 5.0 and series["loss"][30] == 7.0
     assert series["val_loss"] == {20: 8.0, 40: 6.0} and series["hellaswag"] == {20: 0.26, 40: 0.28}
-    r = subprocess.run([sys.executable, "plot.py", "--log", str(log), "--logy"], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = script("plot.py", "--log", str(log), "--logy")
     assert r.returncode == 0, r.stderr
     png = tmp_path / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
@@ -111,9 +104,8 @@ def test_plot_against_a_baseline_and_settings_diff(tmp_path):
     write_log(tmp_path / "mine.jsonl", mine)
     write_log(tmp_path / "base.jsonl", base)
     assert plot.load_metrics(str(tmp_path / "mine.jsonl"))["val_bpb"] == {10: 2.5}
-    r = subprocess.run([sys.executable, "plot.py", "--log", str(tmp_path / "mine.jsonl"), "--baseline",
-                        str(tmp_path / "base.jsonl"), "--out", str(tmp_path / "vs.png")], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = script("plot.py", "--log", str(tmp_path / "mine.jsonl"), "--baseline",
+               str(tmp_path / "base.jsonl"), "--out", str(tmp_path / "vs.png"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "vs.png").stat().st_size > 10_000
     diff = r.stdout.split("settings that differ")[1].splitlines()[1:]
@@ -123,8 +115,7 @@ def test_plot_against_a_baseline_and_settings_diff(tmp_path):
 
 
 def test_plot_errors(tmp_path):
-    r = subprocess.run([sys.executable, "plot.py", "--log", str(tmp_path / "nope.jsonl")], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = script("plot.py", "--log", str(tmp_path / "nope.jsonl"))
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr
     write_log(tmp_path / "start.jsonl", [{"event": "start", "step": 0}])
     with pytest.raises(ValueError, match="no loss or evaluation records"):

@@ -1,0 +1,85 @@
+"""What training a GPT costs, from its config alone: parameters, FLOPs per token and MFU, and memory per GPU.
+
+train_gpt2.py logs MFU and its memory estimate; bench.py compares both with what it measures.
+"""
+import dataclasses
+
+def count_params(config, non_embedding=False):
+    """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
+    C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
+    attn = C * (C + 2 * kv) + (C + 2 * kv) + C * C + C  # c_attn, c_proj (weights + biases)
+    mlp = C * 4 * C + 4 * C + 4 * C * C + C  # c_fc, c_proj
+    n = config.vocab_size * C + config.block_size * C + L * (attn + mlp + 4 * C) + 2 * C  # + ln_1, ln_2, ln_f
+    return n - config.block_size * C if non_embedding else n
+
+
+def flops_per_token(config, T=None):
+    """Training FLOPs per token, forward + backward (PaLM appendix B, as in nanoGPT's MFU):
+        6·N             every weight does a multiply-add (2 FLOPs) forward and twice that backward,
+                        N = parameters without position embeddings (lm_head = wte counts);
+        + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and layer,
+                        times 3 for forward + backward (L layers, H query heads of size Q, context T).
+    The causal mask halves the useful attention work; like everyone's MFU, we count the full square.
+    GPT-2 124M (vocab 50304, T=1024): 6·123,689,472 + 12·12·12·64·1024 = 855.4 MFLOP a token."""
+    T = config.block_size if T is None else T
+    L, H, Q = config.n_layer, config.n_head, config.head_dim
+    return 6 * count_params(config, non_embedding=True) + 12 * L * H * Q * T
+
+
+# dense bf16 tensor-core peaks (no sparsity), TFLOP/s; the most specific name is matched first
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "H200": 989, "A100": 312}
+
+
+def peak_flops(device_name):
+    """Dense bf16 peak FLOP/s for a CUDA device name (torch.cuda.get_device_name()), or None if unknown."""
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return tflops * 1e12
+    return None
+
+
+def mfu(config, tokens_per_sec, peak, T=None):
+    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is None."""
+    return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
+
+
+def training_memory(config, B, T, dtype="bf16", shards=1):
+    """Estimated training memory in bytes per process, by part, for micro-batch B x T with AdamW and fp32
+    master weights; shards > 1: FSDP over that many ranks.
+
+    dtype is the compute dtype: "bf16" or "fp16" (autocast, as train_gpt2.py runs on GPU) or "fp32".
+    params, grads: 4 bytes a parameter each; adamw: exp_avg + exp_avg_sq, 8 bytes a parameter;
+    weight_copies: under autocast the bf16 casts of the matmul weights are cached for the step, 2 bytes each.
+    activations: what autograd keeps for backward, per token and layer:
+        the two LayerNorm inputs (the fp32 residual stream), 2 x 4·C bytes, and their mean/rstd;
+        in the compute dtype: c_attn input C, q/k/v C + 2·kv, attention output C (SDPA returns it laid out
+        as (B, T, nh, hs), so re-assembling the heads copies nothing), c_fc input C, GELU input 4·C, c_proj
+        input 4·C (12·C + 2·kv), and the attention's log-sum-exp per head (flash attention keeps no T x T);
+    then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
+    each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
+    and one block's activations are live at a time in backward.
+    FSDP (shards ranks) keeps 1/shards of params, grads and adamw on each rank, and adds "gathered": the
+    full fp32 parameters and gradients of the units being computed (the root, wte = lm_head with wpe and ln_f,
+    stays gathered from forward to backward; two blocks at a time, one of them prefetched). The autocast
+    weight copies are made from gathered parameters and kept until backward: they are not sharded.
+    Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
+    a = 4 if dtype == "fp32" else 2  # bytes per activation in the compute dtype
+    C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
+    N = count_params(config)
+    layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
+    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8  # ln_f, lm_head input, logits, log-probs, idx/targets
+    blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
+    block = count_params(dataclasses.replace(config, n_layer=2)) - count_params(dataclasses.replace(config, n_layer=1))
+    root = N - L * block  # wte (= lm_head), wpe, ln_f
+    parts = {
+        "params": 4 * N / shards,
+        "grads": 4 * N / shards,
+        "adamw": 8 * N / shards,
+        "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
+        "weight_copies": 0 if dtype == "fp32" else 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C),
+        "activations": B * T * (blocks + head),
+    }
+    parts["total"] = sum(parts.values())
+    return parts

@@ -1,0 +1,101 @@
+"""Shared by the tests: the tiny training settings and text, running the entry points the way users do (from
+the repo root, in a fresh process, under torchrun where it matters), and reading what a run leaves behind."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoint import checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "train_gpt2.py")
+TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=32", "--B=4", "--T=32",
+        "--total_batch_size=256", "--warmup_steps=2", "--max_lr=3e-3", "--val_steps=2", "--hellaswag=0",
+        "--compile=False"]
+# One thread per process: with several, CPU runs are not always bitwise reproducible from run to run (seen
+# once: a loss differing in the 7th digit; the multi-threaded math library is the suspect, not proven), and
+# the exact-resume tests compare runs bit for bit.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",
+        "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1) for i in range(60)]
+
+
+@pytest.fixture(scope="session")
+def text(tmp_path_factory):
+    """~16k tokens of input.txt: enough for tiny runs, quick to tokenize."""
+    path = tmp_path_factory.mktemp("data") / "play.txt"
+    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
+        path.write_text(f.read(60_000), encoding="utf-8")
+    return str(path)
+
+
+def train(args, cwd, check=True, nproc=None, env=None, timeout=600):
+    """train_gpt2.py with args (under torchrun with nproc gloo processes); env: more environment variables, and
+    then stderr comes in stdout, in order (the recompile log among the step lines)."""
+    cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                              if nproc else []) + [SCRIPT] + args
+    r = subprocess.run(cmd, cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, text=True,
+                       stderr=subprocess.STDOUT if env else subprocess.PIPE, timeout=timeout)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + (r.stderr or "")[-3000:]
+    return r
+
+
+def script(name, *args, env=None):
+    """python NAME args, from the repo root, as a user runs it."""
+    return subprocess.run([sys.executable, name, *args], cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+def records(log_dir):
+    with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(log_dir):
+    """step -> loss; a step redone after a resume keeps its last value."""
+    return {r["step"]: r["loss"] for r in records(log_dir) if "loss" in r and "event" not in r}
+
+
+def loss_steps(log_dir):
+    """The step of every training record, in file order: one per step after any resume."""
+    return [r["step"] for r in records(log_dir) if "loss" in r and "event" not in r]
+
+
+def final_weights(log_dir):
+    return torch.load(checkpoints(log_dir)[-1], map_location="cpu", weights_only=True)
+
+
+def assert_one_line_error(r, *phrases):
+    """An expected mistake: exit status 1, one line on stderr naming what is wrong, no traceback."""
+    err = r.stderr.strip()
+    assert r.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, (r.returncode, err[-3000:])
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+def hellaswag_example(i, label=None):
+    """A HellaSwag example in the original jsonl format; lengths vary so several padding buckets are used."""
+    ctx = f"Example {i}: a person is standing in a kitchen and" + " then" * (i * 5 % 70)
+    endings = [f"picks up a knife number {j}" + " slowly" * ((i + j) % 4) for j in range(4)]
+    return {"ind": i, "activity_label": "Cooking", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
+            "split_type": "indomain", "label": (i * 7) % 4 if label is None else label, "endings": endings,
+            "source_id": f"test~{i}"}
+
+
+def save_model(model, path, step=0):
+    """model as a train_gpt2.py checkpoint (weights and config, checksummed), for load_model."""
+    import dataclasses
+    from checkpoint import save_checkpoint
+    save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "step": step},
+                    str(path))
+    return str(path)
