@@ -13,9 +13,6 @@ import json
 import os
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
 
 from model import GPT, GPTConfig
 from runtime import broadcast_object, first_line, one_line_errors, print0
@@ -109,6 +106,7 @@ def gather_state(model, optimizers):
     """(model state, optimizer state): full, on the CPU, on rank 0 ({} on the others); the optimizer's state
     keyed by parameter name (one dict for a list of optimizers). Under FSDP every rank must call it (it
     all-gathers the shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
     if "lm_head.weight" in model_state:  # gathered, the tied matrix comes back twice: store it once, as unsharded
@@ -119,6 +117,7 @@ def gather_state(model, optimizers):
 def load_state(model, optimizers, ckpt, distributed):
     """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
     Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)

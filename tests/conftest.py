@@ -1,5 +1,6 @@
 """Shared by the tests: the tiny training settings and text, running the entry points the way users do (from
 the repo root, in a fresh process, under torchrun where it matters), and reading what a run leaves behind."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from checkpoint import checkpoints
+from checkpoint import checkpoints, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "train_gpt2.py")
@@ -30,6 +31,21 @@ def text(tmp_path_factory):
     with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
         path.write_text(f.read(60_000), encoding="utf-8")
     return str(path)
+
+
+def run_args(text):
+    """An 8-step run on the tiny text: 4 micro-steps a step in one process, 2 on each of 2 ranks; evaluations
+    after steps 4 and 8, a checkpoint every 2 steps."""
+    return TINY + [f"--data_root={text}", "--max_steps=8", "--eval_interval=4", "--checkpoint_interval=2",
+                   "--total_batch_size=512"]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, text):
+    """run_args uninterrupted in one process: (losses, final weights, log_dir); copy the log_dir to change it."""
+    d = tmp_path_factory.mktemp("ref")
+    train(run_args(text) + [f"--log_dir={d / 'log'}"], cwd=d)
+    return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
 def train(args, cwd, check=True, nproc=None, env=None, timeout=600):
@@ -94,8 +110,6 @@ def hellaswag_example(i, label=None):
 
 def save_model(model, path, step=0):
     """model as a train_gpt2.py checkpoint (weights and config, checksummed), for load_model."""
-    import dataclasses
-    from checkpoint import save_checkpoint
     save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "step": step},
                     str(path))
     return str(path)
