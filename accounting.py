@@ -17,8 +17,8 @@ def flops_per_token(config, T=None):
     """Training FLOPs per token, forward + backward (PaLM appendix B, as in nanoGPT's MFU):
         6·N             every weight does a multiply-add (2 FLOPs) forward and twice that backward,
                         N = parameters without position embeddings (lm_head = wte counts);
-        + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and layer,
-                        times 3 for forward + backward (L layers, H query heads of size Q, context T).
+        + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and
+                        layer, times 3 for forward + backward (L layers, H query heads of size Q, context T).
     The causal mask halves the useful attention work; like everyone's MFU, we count the full square.
     GPT-2 124M (vocab 50304, T=1024): 6·123,689,472 + 12·12·12·64·1024 = 855.4 MFLOP a token."""
     T = config.block_size if T is None else T
@@ -39,7 +39,8 @@ def peak_flops(device_name):
 
 
 def mfu(config, tokens_per_sec, peak, T=None):
-    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is None."""
+    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is
+    None."""
     return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
 
 
@@ -69,16 +70,18 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
     N = count_params(config)
     layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
-    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8  # ln_f, lm_head input, logits, log-probs, idx/targets
+    # ln_f, lm_head input, logits, log-probs, idx/targets
+    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8
     blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
-    block = count_params(dataclasses.replace(config, n_layer=2)) - count_params(dataclasses.replace(config, n_layer=1))
+    one, two = (count_params(dataclasses.replace(config, n_layer=n)) for n in (1, 2))
+    block = two - one  # parameters of one Block
     root = N - L * block  # wte (= lm_head), wpe, ln_f
     parts = {
         "params": 4 * N / shards,
         "grads": 4 * N / shards,
         "adamw": 8 * N / shards,
         "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
-        "weight_copies": 0 if dtype == "fp32" else 2 * (count_params(config, non_embedding=True) - (4 * L + 2) * C),
+        "weight_copies": 0 if dtype == "fp32" else 2 * (N - config.block_size * C - (4 * L + 2) * C),
         "activations": B * T * (blocks + head),
     }
     parts["total"] = sum(parts.values())

@@ -4,16 +4,16 @@
     python bench.py --B 32 --out bench.md
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
-    python bench.py --gpu-check          # verify what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
+    python bench.py --gpu-check          # check what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +flash attention (SDPA
 instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is timed over full training
-steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and compiling) excluded, the
-GPU synchronised around each step, the median reported (a rung that runs out of memory says so). Then:
-where the last rung's step time goes (torch.profiler: cross-entropy, attention, optimizer, matmuls, the
-rest, idle), KV-cache generation vs full recomputation, model.py's memory estimate vs the measured peak, the
-largest micro-batch that fits, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory
-bandwidth, at two row lengths.
+steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and compiling) excluded, the GPU
+synchronised around each step, the median reported (a rung that runs out of memory says so). Then: where the
+last rung's step time goes (torch.profiler: cross-entropy, attention, optimizer, matmuls, the rest, idle),
+KV-cache generation vs full recomputation, accounting.py's memory estimate vs the measured peak, the largest
+micro-batch that fits, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory bandwidth,
+at two row lengths.
 
 --gpu-check verifies, then reports (one file; exit status 1 if a check fails): flash attention is the kernel
 SDPA really runs (torch.profiler); the Triton softmax is compiled for the GPU and equals torch.softmax; a
@@ -42,7 +42,8 @@ RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the
     ("flash", {"flash": True}), ("vocab", {"vocab_size": 50304}), ("fused", {"fused": True}),
 ]
 BASE = {"tf32": False, "bf16": False, "compile": False, "flash": False, "vocab_size": 50257, "fused": False}
-LABEL = {"fp32": "fp32, eager", "tf32": "+ TF32 matmuls", "bf16": "+ bf16 autocast", "compile": "+ torch.compile",
+LABEL = {"fp32": "fp32, eager", "tf32": "+ TF32 matmuls", "bf16": "+ bf16 autocast",
+         "compile": "+ torch.compile",
          "flash": "+ flash attention", "vocab": "+ vocab 50304", "fused": "+ fused AdamW"}
 PEAK_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "H200": 4.8e12,
                   "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12}  # bytes/s, most specific name first
@@ -103,7 +104,8 @@ def time_steps(step, device, steps, warmup):
 def ladder(size, B, T, device, steps, warmup, skip):
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
-    lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     for name, switch in RUNGS:
         if name in skip:
@@ -112,7 +114,8 @@ def ladder(size, B, T, device, steps, warmup, skip):
         try:
             step = training_step(size, s, B, T, device)
             dt, mem = time_steps(step, device, steps, warmup)
-        except torch.cuda.OutOfMemoryError:  # early rungs need the most memory (fp32, a T x T matrix per head)
+        # early rungs need the most memory (fp32, a T x T matrix per head)
+        except torch.cuda.OutOfMemoryError:
             step = dt = mem = prev = None
             lines.append(f"| {LABEL[name]} | out of memory at B={B} | | | | |")
             print(lines[-1], flush=True)
@@ -120,8 +123,9 @@ def ladder(size, B, T, device, steps, warmup, skip):
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        lines.append(f"| {LABEL[name]} | {dt * 1000:.1f} | {tok_s:,.0f} | {'n/a' if util is None else f'{util:.1%}'} "
-                     f"| {fmt_bytes(mem)} | {'' if prev is None else f'{prev / dt:.2f}x'} |")
+        lines.append(f"| {LABEL[name]} | {dt * 1000:.1f} | {tok_s:,.0f} | "
+                     f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
+                     f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
         prev = dt
     return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
@@ -131,7 +135,7 @@ PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the fir
     ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy"),
     ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
     ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
-    # Inductor's pointwise and reduction kernels are never matmuls: triton_poi_fused_addmm_gelu is a bias + GELU
+    # Inductor's pointwise and reduction kernels are never matmuls (triton_poi_fused_addmm_gelu: bias + GELU)
     ("matmuls (linear layers, lm_head)",
      r"^(?!triton_(poi|per|red)_).*(gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear)"),
 ]
@@ -179,10 +183,11 @@ def breakdown(step, device, step_time, steps=3, trace=None):
         per_name[e.name] = per_name.get(e.name, 0.0) + sec
     busy = sum(per_part.values())
     what = "kernel" if cuda else "op self"
-    lines = [f"where the time goes (last rung, torch.profiler over {steps} steps; {what} time by name, idle = the "
-             f"measured {step_time * 1000:.1f} ms/step minus {what} time):", "",
+    lines = [f"where the time goes (last rung, torch.profiler over {steps} steps; {what} time by name, idle "
+             f"= the measured {step_time * 1000:.1f} ms/step minus {what} time):", "",
              "| part | ms/step | share |", "| --- | ---: | ---: |"]
-    for part, sec in list(per_part.items()) + [("idle (launch gaps, CPU overhead)", max(0.0, step_time - busy))]:
+    for part, sec in list(per_part.items()) + [("idle (launch gaps, CPU "
+                                                "overhead)", max(0.0, step_time - busy))]:
         lines.append(f"| {part} | {sec * 1000:.2f} | {sec / step_time:.0%} |")
     top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
     lines += ["", "largest: " + "; ".join(f"{re.split(r'[<(]', n.removeprefix('void '))[0][:60]} "
@@ -210,17 +215,20 @@ def generation(size, device, prompt_len, new_tokens, batch):
 
 
 def memory(size, s, B, T, device, compiled_peak):
-    """model.py's estimate, which counts what eager autograd keeps, against the peak of an eager step with the
-    last rung's settings (CUDA); the compiled rung's own peak differs (compile chooses what to save)."""
+    """accounting.py's estimate, which counts what eager autograd keeps, against the peak of an eager step
+    with the last rung's settings (CUDA); the compiled rung's own peak differs (compile chooses what to
+    save)."""
     config = GPTConfig(**size, vocab_size=s["vocab_size"])
     est = training_memory(config, B, T, "bf16" if s["bf16"] else "fp32")
     parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in est.items() if k != "total")
-    line = f"memory at B={B}, T={T}: model.py estimate {fmt_bytes(est['total'])} ({parts}); measured peak "
+    line = (f"memory at B={B}, T={T}: accounting.py estimate {fmt_bytes(est['total'])} ({parts}); "
+            f"measured peak ")
     if device != "cuda":
         return [line + "n/a (CUDA only)"]
     try:
         _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, device), device, 1, 1)
-    except torch.cuda.OutOfMemoryError:  # compile can save memory: the compiled rung may fit where eager does not
+    # compile can save memory: the compiled rung may fit where eager does not
+    except torch.cuda.OutOfMemoryError:
         return [line + f"of an eager step: out of memory at B={B}"]
     line += f"of an eager step {fmt_bytes(eager)} (estimate / measured = {est['total'] / eager:.2f})"
     return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if s["compile"] else "")]
@@ -243,14 +251,15 @@ def largest_batch(size, s, T, start=1):
 
 
 def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
-    """model.py's memory estimate per GPU for each GPT-2 size, under DDP and under FSDP over `gpus` GPUs, and
-    the largest micro-batch that fits each card by that estimate (within 90% of it: the rest is for the CUDA
-    context, allocator slack and DDP's buckets). measure: settings to find the largest B on this GPU (one
+    """accounting.py's memory estimate per GPU for each GPT-2 size, under DDP and under FSDP over `gpus` GPUs,
+    and the largest micro-batch that fits each card by that estimate (within 90% of it: the rest is for the
+    CUDA context, allocator slack and DDP's buckets). measure: settings to find the largest B on this GPU (one
     process, eager, powers of two: what DDP holds per GPU)."""
-    head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
+    head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, "
+                                              "B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
     head += ["B measured here (1 process)"] if measure else []
-    lines = [f"memory per GPU by model.py's estimate (bf16 autocast, AdamW, T={T}) and the largest micro-batch B "
-             f"that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
+    lines = [f"memory per GPU by accounting.py's estimate (bf16 autocast, AdamW, T={T}) and the largest "
+             "micro-batch B that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
              "| --- |" + " ---: |" * (len(head) - 1)]
     for name, shape in GPT2_SIZES.items():
         config = GPTConfig(**shape, vocab_size=50304, block_size=max(T, 1024))
@@ -260,7 +269,8 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
             per[mode] = (one, two - one)  # bytes at B=1, bytes per further sequence
         fits = [" / ".join(str(int((0.9 * cap - one) // step) + 1 if one <= 0.9 * cap else 0)
                            for one, step in per.values()) for _, cap in cards]
-        row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | {fmt_bytes(per['FSDP'][0])} | "
+        row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | "
+               f"{fmt_bytes(per['FSDP'][0])} | "
                + " | ".join(fits) + " |")
         if measure:
             row += f" {largest_batch(dict(shape, block_size=config.block_size), measure, T)} |"
@@ -292,26 +302,33 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
                 fn(x)
             synchronize(device)
             gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / reps) / 1e9
-            out.append(f"    {name}: {gbs:,.1f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
+            out.append(f"    {name}: "
+                       f"{gbs:,.1f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
         del x
     return out
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--B", type=int, default=None, help="micro-batch (default 16 on CUDA, 4 on CPU)")
-    parser.add_argument("--T", type=int, default=None, help="sequence length (default 1024 on CUDA, 64 on CPU)")
+    parser.add_argument("--T", type=int, default=None,
+                        help="sequence length (default 1024 on CUDA, 64 on CPU)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 20 / 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 / 1)")
-    parser.add_argument("--skip", default="", help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
+    parser.add_argument("--skip", default="",
+                        help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
     parser.add_argument("--out", default=None, help="also write the report to this markdown file")
-    parser.add_argument("--trace", default=None, help="write the profiled steps as a Chrome trace (JSON) here, "
+    parser.add_argument("--trace", default=None,
+                        help="write the profiled steps as a Chrome trace (JSON) here, "
                         "for chrome://tracing or ui.perfetto.dev")
-    parser.add_argument("--gpu-check", action="store_true", help="verify flash attention, the Triton softmax, a "
-                        "compiled torchrun run with evaluations, fused AdamW and TF32 first; then the ladder only "
-                        "(report: --out, default gpu_check.md)")
-    parser.add_argument("--hellaswag_data", default=None, help="--gpu-check: HellaSwag jsonl for the training run "
+    parser.add_argument("--gpu-check", action="store_true",
+                        help="verify flash attention, the Triton softmax, a compiled torchrun run with "
+                        "evaluations, fused AdamW and TF32 first; then the ladder only (report: --out, "
+                        "default gpu_check.md)")
+    parser.add_argument("--hellaswag_data", default=None,
+                        help="--gpu-check: HellaSwag jsonl for the training run "
                         "(default: examples cut from input.txt)")
     args = parser.parse_args()
     cuda = args.device == "cuda"
@@ -330,15 +347,16 @@ def main():
     name = device_name(args.device)
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
-              f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps after "
-              f"{warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
+              f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps "
+              f"after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
     failed = 0
     if args.gpu_check:
         results = gpu_check.run_checks(args.device, args.hellaswag_data)
         failed = sum(not ok for _, ok, _ in results)
         lines = ["| check | result | detail |", "| --- | --- | --- |"]
-        lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |" for name, ok, detail in results]
+        lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |" for name, ok,
+                  detail in results]
         lines += ["", f"{len(results) - failed} of {len(results)} checks passed", ""]
         print("\n".join(lines), flush=True)
         report += lines

@@ -1,10 +1,11 @@
-"""Checkpoints: written atomically with a checksum inside, verified before use, and the resume of a run from them.
+"""Checkpoints: written atomically with a checksum inside, verified before use, and the resume of a run from
+them.
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
 "world_size", "dataloader", "scaler", "rng", "checksum"}; sample.py and hellaswag.py read the same file
-(load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or altered
-file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed by
-parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
+(load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
+altered file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
+by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
 """
 import dataclasses
 import glob
@@ -67,7 +68,8 @@ def load_checkpoint(path):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
-        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e, 120)})") from None
+        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read "
+                              f"({first_line(e, 120)})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config", "checksum"} <= set(ckpt):
         raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model', 'model_config' or "
                               f"'checksum' entries)")
@@ -85,8 +87,8 @@ def newest_valid(log_dir, note=print):
             return path, load_checkpoint(path)
         except CheckpointError as e:
             note(f"NOTE: {e}: skipped")
-    raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above): restore one, "
-                          f"or start afresh with --log_dir=NEW")
+    raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above): restore "
+                          "one, or start afresh with --log_dir=NEW")
 
 
 def load_model(spec):
@@ -100,24 +102,28 @@ def load_model(spec):
     return GPT.from_pretrained(spec)
 
 
-# ------------------------------------------------------------------------------------------------ training runs
+# ---------------------------------------------------------------------------------------------- training runs
 
 def gather_state(model, optimizers):
     """(model state, optimizer state): full, on the CPU, on rank 0 ({} on the others); the optimizer's state
     keyed by parameter name (one dict for a list of optimizers). Under FSDP every rank must call it (it
     all-gathers the shards)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
-    if "lm_head.weight" in model_state:  # gathered, the tied matrix comes back twice: store it once, as unsharded
+    # gathered, the tied matrix comes back twice: store it once, as unsharded
+    if "lm_head.weight" in model_state:
         model_state["lm_head.weight"] = model_state["transformer.wte.weight"]
     return model_state, get_optimizer_state_dict(model, optimizers, options=options)
 
 
 def load_state(model, optimizers, ckpt, distributed):
     """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
-    Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0
+    broadcasts."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)
@@ -125,15 +131,16 @@ def load_state(model, optimizers, ckpt, distributed):
 
 
 def save_run(cfg, rt, step, model, optimizers, scaler, loader):
-    """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP all
-    ranks gather) and delete all but the newest keep_checkpoints. Returns its name for messages."""
+    """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP
+    all ranks gather) and delete all but the newest keep_checkpoints. Returns its name for messages."""
     model_state, optimizer_state = gather_state(model, optimizers)
     name = f"model_{step:06d}.pt"
     if rt.master:  # the loader's position is the same on every rank
         path = os.path.join(cfg["log_dir"], name)
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
         save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
-                         "optimizer": optimizer_state, "step": step, "config": cfg, "world_size": rt.world_size,
+                         "optimizer": optimizer_state, "step": step, "config": cfg,
+                         "world_size": rt.world_size,
                          "dataloader": loader.state_dict(), "scaler": scaler.state_dict(),
                          "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
         for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
@@ -161,11 +168,12 @@ def resume_settings(saved, cfg, saved_world, world_size, log_dir):
         raise SystemExit(f"error: the run in {log_dir} has "
                          + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
                          + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
-                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a new "
-                         "one with --log_dir=NEW")
+                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start "
+                         "a new one with --log_dir=NEW")
     cfg, notes = dict(cfg), []
     rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
-    if rows != saved_rows and cfg["val_steps"] == saved["val_steps"] and saved["val_steps"] * saved_rows % rows == 0:
+    same_val_steps = cfg["val_steps"] == saved["val_steps"]
+    if rows != saved_rows and same_val_steps and saved["val_steps"] * saved_rows % rows == 0:
         cfg["val_steps"] = saved["val_steps"] * saved_rows // rows  # validate on the same rows as before
     for k in cfg:
         if k != "init_from" and k in saved and saved[k] != cfg[k]:
@@ -222,18 +230,18 @@ class Resume:
 
 
 def find_resume(cfg, overrides, rt, metrics_path):
-    """(cfg, Resume or None): whether this run continues the one in log_dir, decided before any model is built.
-    Checkpoints there make init_from=scratch a resume (unless scratch was asked for: refused); rank 0 reads
-    the newest that verifies and shares the verdict; a finished run, or a change of a FIXED setting, ends the
-    run. A resume drops the metrics records the lost steps left."""
+    """(cfg, Resume or None): whether this run continues the one in log_dir, decided before any model is
+    built. Checkpoints there make init_from=scratch a resume (unless scratch was asked for: refused); rank 0
+    reads the newest that verifies and shares the verdict; a finished run, or a change of a FIXED setting,
+    ends the run. A resume drops the metrics records the lost steps left."""
     existing = checkpoints(cfg["log_dir"])
     if cfg["eval_only"] and existing:
-        raise SystemExit(f"error: {cfg['log_dir']} holds a training run's checkpoints: give --eval_only=True a "
-                         f"log_dir of its own (--log_dir=NEW)")
+        raise SystemExit(f"error: {cfg['log_dir']} holds a training run's checkpoints: give --eval_only=True "
+                         "a log_dir of its own (--log_dir=NEW)")
     if cfg["init_from"] == "scratch" and existing:
         if "init_from" in overrides:
-            raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; --init_from=resume "
-                             f"continues it, or choose another --log_dir")
+            raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; "
+                             "--init_from=resume continues it, or choose another --log_dir")
         cfg = {**cfg, "init_from": "resume"}
     if cfg["init_from"] != "resume":
         return cfg, None

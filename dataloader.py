@@ -28,8 +28,8 @@ def to_uint16(tokens, where):
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
         bad = tokens.max() if tokens.max() >= 2**16 else tokens.min()
-        raise ValueError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at most "
-                         f"65,536 tokens (GPT-2 has 50,257)")
+        raise ValueError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at "
+                         "most 65,536 tokens (GPT-2 has 50,257)")
     return tokens.astype(np.uint16, copy=False)
 
 
@@ -62,16 +62,16 @@ def read_header(path):
                          f"re-create the shards with `python fineweb.py`")
     header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
     if header.size < HEADER_INTS or header[0] != MAGIC:
-        raise ValueError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that made "
-                         f"it, which writes damaged shards again")
+        raise ValueError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that "
+                         "made it, which writes damaged shards again")
     if header[1] != VERSION:
         raise ValueError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
                          f"re-create it with `python fineweb.py`")
     expected = HEADER_BYTES + 2 * int(header[2])
     if size != expected:
-        raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} uint16 "
-                         f"tokens): it is truncated or not uint16; rerun the fineweb.py command that made it, which "
-                         f"writes damaged shards again")
+        raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} "
+                         "uint16 tokens): it is truncated or not uint16; rerun the fineweb.py command that "
+                         "made it, which writes damaged shards again")
     return header
 
 
@@ -95,7 +95,8 @@ def iter_jsonl(path):
 
 @functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
 def tokenize_text_file(path):
-    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16, read-only)."""
+    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16,
+    read-only)."""
     from tokenizer import get_encoding
     enc = get_encoding()
     with open(path, encoding="utf-8") as f:
@@ -139,8 +140,9 @@ class DataLoaderLite:
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
             if rows < rows_per_step:
                 raise ValueError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
-                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = {B * T * num_processes + 1:,}): "
-                                 f"lower B or T, or make larger shards (fineweb.py --shard_size)")
+                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
+                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
+                                 "(fineweb.py --shard_size)")
         self.tokens_total = sum(len(t) for _, t in self.shards)
         # input tokens served per epoch
         self.tokens_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard) * rows_per_step * T
@@ -153,8 +155,9 @@ class DataLoaderLite:
             cut = int(0.9 * len(tokens))
             return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
         if not os.path.isdir(data_root):
-            raise FileNotFoundError(f"data_root {data_root} does not exist: create shards with `python fineweb.py "
-                                    f"--out_dir {data_root}`, or point data_root at a text file such as input.txt")
+            raise FileNotFoundError(f"data_root {data_root} does not exist: create shards with `python "
+                                    f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
+                                    "such as input.txt")
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*.bin")))
         if not paths:
             raise FileNotFoundError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
@@ -176,8 +179,9 @@ class DataLoaderLite:
         mine = self.state_dict()
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
-                raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this loader "
-                                 f"has {key}={mine[key]!r}; an exact resume needs the same data and sequence length")
+                raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "
+                                 f"loader has {key}={mine[key]!r}; an exact resume needs the same data and "
+                                 "sequence length")
         self.epoch, self.shard, self.row = state["epoch"], state["shard"], state["row"]
         self._plan()
         self._advance()  # with a larger B * num_processes than before, the shard's rest may not fill a step
@@ -203,7 +207,8 @@ class DataLoaderLite:
     # -------------------------------------------------------------------------------------------- batches
 
     def next_batch(self):
-        import torch  # here, not at the top: fineweb.py uses this module's shard I/O and needs no torch (~2 s)
+        # here, not at the top: fineweb.py uses this module's shard I/O and needs no torch (~2 s)
+        import torch
         B, T = self.B, self.T
         tokens = self.shards[self.current][1]
         first = self.row + self.rank * B

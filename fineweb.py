@@ -1,7 +1,7 @@
 """FineWeb-Edu -> GPT-2 token shards for train_gpt2.py.
 
-    python fineweb.py                               # HuggingFaceFW/fineweb-edu sample-10BT, ~10B tokens, ~100 shards
-    python fineweb.py --input data/ --out_dir mine  # local .jsonl / .parquet / .txt files or a save_to_disk dir
+    python fineweb.py                               # FineWeb-Edu sample-10BT: ~10B tokens, ~100 shards
+    python fineweb.py --input data/ --out_dir mine  # local .jsonl / .parquet / .txt files, save_to_disk dir
 
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
 output is deterministic. The token stream is cut into shards of --shard_size tokens (a document may span
@@ -42,13 +42,13 @@ def iter_file(path, text_field):
         import pyarrow.parquet as pq  # comes with datasets
         pf = pq.ParquetFile(path)
         if text_field not in pf.schema_arrow.names:
-            raise ValueError(f"{path} has no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}): "
-                             f"pass --text_field")
+            raise ValueError(f"{path} has no column {text_field!r} (columns: "
+                             f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             yield from batch.column(0).to_pylist()
     else:
-        raise ValueError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a folder "
-                         f"of them, or a datasets.save_to_disk folder")
+        raise ValueError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a "
+                         "folder of them, or a datasets.save_to_disk folder")
 
 
 def field(row, text_field, where):
@@ -68,17 +68,18 @@ def iter_documents(input_path, text_field):
             ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
         except Exception as e:  # offline, no datasets package, Hub outage: the same way out
             from runtime import first_line  # here: runtime imports torch, which fineweb.py needs nowhere else
-            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub ({first_line(e)}); "
-                          f"offline, --input takes local data: .jsonl/.parquet/.txt files, a folder of them, or a "
-                          f"datasets.save_to_disk folder") from None
+            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub "
+                          f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
+                          "files, a folder of them, or a datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
     if not os.path.exists(input_path):
         raise FileNotFoundError(f"--input {input_path} does not exist")
     if os.path.isfile(input_path):
         return iter_file(input_path, text_field)
-    if glob.glob(os.path.join(input_path, "dataset_info.json")) or glob.glob(os.path.join(input_path, "dataset_dict.json")):
+    if any(os.path.exists(os.path.join(input_path, f)) for f in ("dataset_info.json", "dataset_dict.json")):
         return iter_saved_dataset(input_path, text_field)
-    files = sorted(p for p in glob.glob(os.path.join(input_path, "**", "*"), recursive=True) if p.endswith(EXTENSIONS))
+    files = sorted(p for p in glob.glob(os.path.join(input_path, "**", "*"),
+                                        recursive=True) if p.endswith(EXTENSIONS))
     if not files:
         raise ValueError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
                          f"datasets.save_to_disk folder")
@@ -147,8 +148,9 @@ def shard_name(out_dir, prefix, index):
 
 
 def complete_shards(out_dir, prefix, fingerprint):
-    """Headers of the complete shards 0, 1, ... already in out_dir. Removes leftovers of an interrupted run, and
-    a damaged shard (wrong header or size) with every shard after it: they are written again, identically."""
+    """Headers of the complete shards 0, 1, ... already in out_dir. Removes leftovers of an interrupted run,
+    and a damaged shard (wrong header or size) with every shard after it: they are written again,
+    identically."""
     for tmp in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin.tmp")):
         os.remove(tmp)
     headers = []
@@ -159,8 +161,8 @@ def complete_shards(out_dir, prefix, fingerprint):
         except ValueError:
             later = list(itertools.takewhile(os.path.exists, (shard_name(out_dir, prefix, i)
                                                               for i in itertools.count(len(headers)))))
-            print(f"fineweb: {path} is damaged (wrong header or size): writing it and the {len(later) - 1} shards "
-                  f"after it again")
+            print(f"fineweb: {path} is damaged (wrong header or size): writing it and the {len(later) - 1} "
+                  "shards after it again")
             for p in later:
                 os.remove(p)
             break
@@ -249,12 +251,15 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", default=None, help="local .jsonl/.parquet/.txt file, a folder of them, or a "
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", default=None,
+                        help="local .jsonl/.parquet/.txt file, a folder of them, or a "
                         f"datasets.save_to_disk folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
     parser.add_argument("--out_dir", default="edu_fineweb10B", help="where the shards go")
     parser.add_argument("--text_field", default="text", help="the column holding each document's text")
-    parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8), help="tokens per shard")
+    parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8),
+                        help="tokens per shard")
     parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
     args = parser.parse_args()

@@ -21,7 +21,8 @@ def _softmax_rows(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl.cons
     row = tl.program_id(0)  # one program per row
     cols = tl.arange(0, BLOCK)  # BLOCK is n_cols rounded up to a power of two; the extra lanes are masked
     valid = cols < n_cols
-    x = tl.load(in_ptr + row * in_stride + cols, mask=valid, other=-float("inf")).to(tl.float32)  # the one read
+    # the one read
+    x = tl.load(in_ptr + row * in_stride + cols, mask=valid, other=-float("inf")).to(tl.float32)
     x = x - tl.max(x, axis=0)  # subtracting the row max keeps exp from overflowing
     e = tl.exp(x)
     y = e / tl.sum(e, axis=0)
@@ -31,11 +32,12 @@ def _softmax_rows(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK: tl.cons
 def softmax(x):
     """Softmax over the last dimension of a 2-D tensor (rows may be strided), computed in float32."""
     if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"fused_softmax.softmax takes a 2-D tensor with contiguous rows, got shape {tuple(x.shape)} "
-                         f"strides {x.stride()}: use x.view(-1, x.size(-1)).contiguous()")
+        raise ValueError("fused_softmax.softmax takes a 2-D tensor with contiguous rows, got shape "
+                         f"{tuple(x.shape)} strides {x.stride()}: use x.view(-1, x.size(-1)).contiguous()")
     n_rows, n_cols = x.shape
     if n_cols > MAX_ROW:
-        raise ValueError(f"fused_softmax.softmax: rows of {n_cols} elements exceed {MAX_ROW}, what one program holds")
+        raise ValueError(f"fused_softmax.softmax: rows of {n_cols} elements exceed {MAX_ROW}, what one "
+                         "program holds")
     block = triton.next_power_of_2(n_cols)
     y = torch.empty_like(x)
     # more warps for longer rows, so each thread holds a handful of elements

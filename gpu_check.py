@@ -1,7 +1,8 @@
 """What we claim on an NVIDIA GPU, checked there: flash attention is the kernel SDPA runs, the Triton softmax
 is compiled and correct, and a compiled train_gpt2.py run under torchrun (NCCL) with evaluations recompiles
 nothing at later evaluations and uses fused AdamW and TF32. `python bench.py --gpu-check` reports these checks
-and tests/test_gpu.py asserts them; on a CPU the flash check and the training run work too (the tests use them).
+and tests/test_gpu.py asserts them; on a CPU the flash check and the training run work too (the tests use
+them).
 """
 import json
 import os
@@ -36,11 +37,13 @@ def check_flash(device):
         synchronize(device)
     events = prof.events()
     ops = sorted({e.name for e in events if e.name.startswith("aten::_scaled_dot_product")})
-    kernels = sorted({re.split(r"[<(]", e.name.removeprefix("void "))[0] for e in events
-                      if e.device_type == DeviceType.CUDA and re.search(r"flash|fmha|attention|sdpa", e.name, re.I)})
+    on_gpu = [e.name for e in events if e.device_type == DeviceType.CUDA]
+    attention = [name for name in on_gpu if re.search(r"flash|fmha|attention|sdpa", name, re.I)]
+    kernels = sorted({re.split(r"[<(]", name.removeprefix("void "))[0] for name in attention})
     ok = any("_scaled_dot_product_flash_attention" in op for op in ops) and (
         not cuda or any("flash" in k.lower() for k in kernels))
-    return ok, f"SDPA ran {', '.join(ops) or 'no SDPA op'}" + (f"; kernels: {', '.join(kernels) or 'none'}" if cuda else "")
+    detail = f"SDPA ran {', '.join(ops) or 'no SDPA op'}"
+    return ok, detail + (f"; kernels: {', '.join(kernels) or 'none'}" if cuda else "")
 
 
 def check_softmax():
@@ -58,17 +61,19 @@ def check_softmax():
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             y = fused_softmax.softmax(x)
             synchronize("cuda")
-        ran = ran or any(e.device_type == DeviceType.CUDA and "_softmax_rows" in e.name for e in prof.events())
+        ran = ran or any(e.device_type == DeviceType.CUDA and "_softmax_rows" in e.name
+                         for e in prof.events())
         err = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
         errors.append((f"{rows}x{cols} {str(dtype).removeprefix('torch.')}", err, tol))
     ok = ran and all(err <= tol for _, err, tol in errors)
-    return ok, (f"kernel {'ran on the GPU' if ran else 'not seen on the GPU'}; max |difference| from torch.softmax: "
+    return ok, (f"kernel {'ran on the GPU' if ran else 'not seen on the GPU'}; max |difference| from "
+                "torch.softmax: "
                 + ", ".join(f"{name} {err:.1e} (limit {tol:g})" for name, err, tol in errors))
 
 
 def recompiles(output, marker):
-    """(before, after): the 'Recompiling function' lines TORCH_LOGS=recompiles wrote before and after the first
-    line of output holding marker (after: everything if the marker never shows)."""
+    """(before, after): the 'Recompiling function' lines TORCH_LOGS=recompiles wrote before and after the
+    first line of output holding marker (after: everything if the marker never shows)."""
     lines = output.splitlines()
     cut = next((i for i, line in enumerate(lines) if marker in line), 0)
     count = [sum("Recompiling function" in line for line in part) for part in (lines[:cut], lines[cut:])]
@@ -81,7 +86,8 @@ def synthetic_hellaswag(path, n):
         lines = [line.strip() for line in f if len(line.strip()) > 20]
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
-            f.write(json.dumps({"ctx": lines[5 * i], "endings": lines[5 * i + 1:5 * i + 5], "label": i % 4}) + "\n")
+            f.write(json.dumps({"ctx": lines[5 * i], "endings": lines[5 * i + 1:5 * i + 5],
+                                "label": i % 4}) + "\n")
     return path
 
 
@@ -92,14 +98,16 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
     log_dir = os.path.join(work_dir, "run")
     data = hellaswag_data or synthetic_hellaswag(os.path.join(work_dir, "hellaswag.jsonl"), 40)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-           os.path.join(ROOT, "train_gpt2.py"), f"--device={device}", f"--data_root={os.path.join(ROOT, 'input.txt')}",
+           os.path.join(ROOT, "train_gpt2.py"), f"--device={device}",
+           f"--data_root={os.path.join(ROOT, 'input.txt')}",
            *CHECK_MODEL, "--B=8", "--T=256", "--total_batch_size=4096", "--max_steps=20", "--warmup_steps=5",
-           "--eval_interval=5", "--val_steps=4", "--hellaswag=40", f"--hellaswag_data={data}", "--compile=True",
+           "--eval_interval=5", "--val_steps=4", "--hellaswag=40", f"--hellaswag_data={data}",
+           "--compile=True",
            "--checkpoint_interval=20", f"--log_dir={log_dir}"]
     env = {**os.environ, "TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"}
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=timeout)
+        r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=timeout)
         out, rc = r.stdout, r.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
@@ -110,11 +118,13 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
         recs = [json.loads(line) for line in f]
     info = next(r for r in recs if r.get("event") == "start")["run"]
     evals = {key: [r["step"] for r in recs if key in r] for key in ("val_loss", "hellaswag", "samples")}
-    before, after = recompiles(out, "step 5: hellaswag")  # printed when the first evaluation's compiled part ends
+    # printed when the first evaluation's compiled part ends
+    before, after = recompiles(out, "step 5: hellaswag")
     limit = re.search(r".*(recompile_limit|cache_size_limit).*", out)
     cuda = device == "cuda"
     results = [
-        ("2-layer train_gpt2.py run", True, f"finished: {' '.join(cmd[3:5])} ... train_gpt2.py --compile=True "
+        ("2-layer train_gpt2.py run", True,
+         f"finished: {' '.join(cmd[3:5])} ... train_gpt2.py --compile=True "
                                             f"(2 micro-steps a step, 20 steps)"),
         ("process group", info["backend"] == ("nccl" if cuda else "gloo"), f"backend {info['backend']}"),
         ("torch.compile", info["compile"] is True, f"compile {info['compile']}, dtype {info['dtype']}"),
@@ -125,8 +135,10 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
          + (f"; {limit.group(0).strip()[:200]}" if limit else "")),
     ]
     if cuda:
-        results += [("fused AdamW", info["fused_adamw"] is True, f"the run's AdamW fused={info['fused_adamw']}"),
-                    ("TF32 matmuls", info["tf32"] is True, f"torch.backends.cuda.matmul.allow_tf32={info['tf32']}")]
+        results += [("fused AdamW", info["fused_adamw"] is True,
+                     f"the run's AdamW fused={info['fused_adamw']}"),
+                    ("TF32 matmuls", info["tf32"] is True,
+                     f"torch.backends.cuda.matmul.allow_tf32={info['tf32']}")]
     return results
 
 
@@ -134,7 +146,8 @@ def run_checks(device, hellaswag_data=None):
     """Every check's (check, ok, detail), in the order of the report."""
     results = [("flash attention", *check_flash(device))]
     results.append(("Triton softmax", *check_softmax()) if device == "cuda" else
-                   ("Triton softmax", True, "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))
+                   ("Triton softmax", True,
+                    "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))
     with tempfile.TemporaryDirectory() as work_dir:
         results += check_training_run(device, work_dir, hellaswag_data)
     return results

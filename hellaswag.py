@@ -34,10 +34,12 @@ def normalize(example, where):
     try:
         ctx, endings, label = example["ctx"], list(example["endings"]), int(example["label"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: not a HellaSwag example (needs ctx, endings and an integer label): {e!r}") from None
+        raise ValueError(f"{where}: not a HellaSwag example (needs ctx, endings and an integer "
+                         f"label): {e!r}") from None
     if not isinstance(ctx, str) or len(endings) != 4 or not all(isinstance(e, str) for e in endings) \
             or not 0 <= label < 4:
-        raise ValueError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label 0-3)")
+        raise ValueError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label "
+                         "0-3)")
     return {"ctx": ctx, "endings": endings, "label": label}
 
 
@@ -56,8 +58,8 @@ def download(cache_dir):
                 from datasets import load_dataset
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
-                raise OSError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy of "
-                              f"hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
+                raise OSError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
+                              "of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
                     f.write(json.dumps(normalize(row, f"Rowan/hellaswag validation row {i}")) + "\n")
@@ -79,8 +81,8 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
     elif os.path.isfile(path):
         examples = [normalize(row, where) for where, row in iter_jsonl(path)]
     else:
-        raise FileNotFoundError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk folder, "
-                                f"or leave --data out to download it")
+        raise FileNotFoundError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
+                                "folder, or leave --data out to download it")
     examples = examples[:limit] if limit is not None else examples
     if not examples:
         raise ValueError(f"no HellaSwag examples selected from {path} (limit={limit})")
@@ -120,7 +122,8 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
     Examples go batch_size at a time, sorted by length, padded to (4 * batch_size, multiple of 8 tokens).
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
     enc = get_encoding()
-    mine = [(i, render(examples[i], enc), examples[i]["label"]) for i in range(rank, len(examples), world_size)]
+    mine = [(i, render(examples[i], enc), examples[i]["label"])
+            for i in range(rank, len(examples), world_size)]
     mine.sort(key=lambda item: max(len(r) for r in item[1][0]))
     predictions = []
     counts = torch.zeros(3, dtype=torch.long, device=device)  # n, correct (sum), correct (mean)
@@ -147,7 +150,8 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
         pred_sum = total[:4 * n].view(n, 4).argmin(1)  # padding rows (0 / 0 = nan) are left out
         pred_mean = mean[:4 * n].view(n, 4).argmin(1)
         labels = torch.tensor([label for _, _, label in batch], device=device)
-        counts += torch.stack([torch.tensor(n, device=device), (pred_sum == labels).sum(), (pred_mean == labels).sum()])
+        counts += torch.stack([torch.tensor(n, device=device), (pred_sum == labels).sum(),
+                               (pred_mean == labels).sum()])
         predictions += zip([i for i, _, _ in batch], pred_sum.tolist(), pred_mean.tolist())
     if world_size > 1 and torch.distributed.is_initialized():
         torch.distributed.all_reduce(counts)
@@ -178,7 +182,8 @@ def evaluate_unbatched(model, examples, device, progress=False, dtype="auto"):
 # ------------------------------------------------------------------------------------------------ CLI
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2", help="gpt2[-medium|-large|-xl], an HF GPT-2 folder, or a "
                         "train_gpt2.py checkpoint (.pt)")
     parser.add_argument("--data", default=None, help="hellaswag_val.jsonl or a save_to_disk folder "
@@ -186,7 +191,8 @@ def main():
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--batch_size", type=int, default=16, help="examples per forward (4 rows each)")
-    parser.add_argument("--unbatched", action="store_true", help="one example per forward: the slow reference")
+    parser.add_argument("--unbatched", action="store_true",
+                        help="one example per forward: the slow reference")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch_size={args.batch_size} must be >= 1")
@@ -216,8 +222,8 @@ def main():
         result = evaluate(model, examples, device, args.batch_size, rank, world_size, progress=rank == 0)
     dt = time.time() - t0
     if rank == 0:
-        print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f}, "
-              f"{result['n'] / dt:.1f} examples/s")
+        print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "
+              f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s")
     if world_size > 1:
         torch.distributed.destroy_process_group()
 

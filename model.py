@@ -17,14 +17,16 @@ from torch.utils.checkpoint import checkpoint
 
 from runtime import first_line
 
-GPT2_VOCAB = 50257  # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
+# tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
+GPT2_VOCAB = 50257
 GPT2_SIZES = {  # OpenAI's four GPT-2 shapes (parameters at vocab 50257; HF names gpt2, -medium, -large, -xl)
     "124M": dict(n_layer=12, n_head=12, n_embd=768),
     "350M": dict(n_layer=24, n_head=16, n_embd=1024),
     "774M": dict(n_layer=36, n_head=20, n_embd=1280),
     "1558M": dict(n_layer=48, n_head=25, n_embd=1600),
 }
-PRETRAINED = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}  # Hub ids
+# Hub ids
+PRETRAINED = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
 
 
 @dataclasses.dataclass
@@ -34,9 +36,11 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 12  # query heads
     n_embd: int = 768
-    n_kv_head: Optional[int] = None  # key/value heads: None = n_head (MHA), 1 = multi-query, between = grouped-query
+    # key/value heads: None = n_head (MHA), 1 = multi-query, between = grouped-query
+    n_kv_head: Optional[int] = None
     grad_checkpoint: bool = False  # recompute each block in backward: activation memory for ~1/3 more compute
-    flash: bool = True  # False: explicit masked-softmax attention (a T x T matrix per head), bench.py's baseline
+    # False: explicit masked-softmax attention (a T x T matrix per head), bench.py's baseline
+    flash: bool = True
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -48,8 +52,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
                              f"(head size = n_embd / n_head)")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"GPTConfig.n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head} "
-                             f"(each K/V head serves n_head / n_kv_head query heads)")
+            raise ValueError(f"GPTConfig.n_head={self.n_head} must be divisible by "
+                             f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
+                             "heads)")
 
     @property
     def head_dim(self):
@@ -82,7 +87,8 @@ class KVCache:
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim, self.layer = config.n_head, config.n_kv_head, config.head_dim, layer
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.layer = layer
         self.flash = config.flash
         # queries for every head, keys and values for the (possibly fewer) K/V heads, in one matmul
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
@@ -95,7 +101,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
-        mask, causal = None, True  # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
+        # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
+        mask, causal = None, True
         if cache is not None:
             pos = cache.pos
             k, v = cache.update(self.layer, k, v)  # (B, n_kv, pos+T, hs)
@@ -104,7 +111,8 @@ class CausalSelfAttention(nn.Module):
                 causal = False
             elif pos > 0:  # one new token sees everything cached
                 causal = False
-        if self.flash:  # flash attention on GPU; enable_gqa: each K/V head serves n_head / n_kv_head query heads
+        # flash attention on GPU; enable_gqa: each K/V head serves n_head / n_kv_head query heads
+        if self.flash:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                enable_gqa=self.n_kv_head != self.n_head)  # (B, nh, T, hs)
         else:  # the textbook way: the whole (T, S) score matrix is written to and read back from memory
@@ -142,7 +150,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)  # pre-LayerNorm: the residual stream itself is never normalised
+        # pre-LayerNorm: the residual stream itself is never normalised
+        x = x + self.attn(self.ln_1(x), cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -158,10 +167,12 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix embeds and un-embeds tokens
+        # weight tying: one matrix embeds and un-embeds tokens
+        self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):  # residual projections: each of the 2 per layer adds to the stream's variance
+            # residual projections: each of the 2 per layer adds to the stream's variance
+            if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
 
     @staticmethod
@@ -184,8 +195,9 @@ class GPT(nn.Module):
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
-            raise ValueError(f"sequence length {pos0 + T} exceeds block_size={self.config.block_size}: "
-                             f"crop the input to the last {self.config.block_size} tokens or use a larger block_size")
+            raise ValueError(f"sequence length {pos0 + T} exceeds block_size={self.config.block_size}: crop "
+                             f"the input to the last {self.config.block_size} tokens or use a larger "
+                             "block_size")
         pos = torch.arange(pos0, pos0 + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         recompute = self.config.grad_checkpoint and self.training and torch.is_grad_enabled()
@@ -222,7 +234,8 @@ class GPT(nn.Module):
         cache = KVCache(self.config, idx.size(0)) if use_cache else None
         for _ in range(max_new_tokens):
             if cache is not None and idx.size(1) <= block_size:
-                logits, _ = self(idx[:, cache.pos:], cache=cache)  # the prompt first, then one token at a time
+                # the prompt first, then one token at a time
+                logits, _ = self(idx[:, cache.pos:], cache=cache)
             else:
                 logits, _ = self(idx[:, -block_size:])
             logits = logits[:, -1, :GPT2_VOCAB].float() / temperature  # (B, V), padded rows dropped
@@ -235,14 +248,14 @@ class GPT(nn.Module):
         return idx
 
     # ----------------------------------------------------------------------------------------------------
-    # Hugging Face GPT-2 import / export: config.json + model.safetensors, read and written without transformers
+    # Hugging Face GPT-2 import / export: config.json + model.safetensors, without transformers
 
     _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
     @classmethod
     def from_pretrained(cls, name_or_dir):
-        """OpenAI's GPT-2 weights by name (downloaded once from the Hugging Face Hub into its cache) or a local
-        folder in HF GPT-2 format: config.json + model.safetensors (or pytorch_model.bin), e.g. what
+        """OpenAI's GPT-2 weights by name (downloaded once from the Hugging Face Hub into its cache) or a
+        local folder in HF GPT-2 format: config.json + model.safetensors (or pytorch_model.bin), e.g. what
         save_pretrained or transformers wrote."""
         folder = name_or_dir if os.path.isdir(name_or_dir) else download_gpt2(name_or_dir)
         c = read_json(os.path.join(folder, "config.json"))
@@ -251,15 +264,17 @@ class GPT(nn.Module):
                 "tie_word_embeddings": True}
         for key, value in want.items():
             if c.get(key, value) != value:
-                raise ValueError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation supports "
-                                 f"only {value!r}")
+                raise ValueError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
+                                 f"supports only {value!r}")
         if c.get("n_inner") not in (None, 4 * c["n_embd"]):
-            raise ValueError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x n_embd wide")
+            raise ValueError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
+                             "n_embd wide")
         model = cls(GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
                               n_head=c["n_head"], n_embd=c["n_embd"]))
         sd = {}
         for k, v in read_hf_weights(folder).items():
-            k = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k  # OpenAI's files: no prefix
+            # OpenAI's files: no prefix
+            k = k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k
             if not k.endswith((".attn.bias", ".attn.masked_bias")):  # causal-mask buffers of older versions
                 sd[k] = (v.t() if k.endswith(cls._CONV1D) else v).float()
         sd.setdefault("lm_head.weight", sd.get("transformer.wte.weight"))  # tied: stored once
@@ -267,27 +282,29 @@ class GPT(nn.Module):
         missing, extra = sorted(set(mine) - set(sd)), sorted(set(sd) - set(mine))
         bad = [k for k in mine if k in sd and sd[k] is not None and sd[k].shape != mine[k].shape]
         if missing or extra or bad:
-            raise ValueError(f"{folder}: weights do not match its config.json as GPT-2 (missing {missing[:3]}, "
-                             f"unexpected {extra[:3]}, wrong shape {bad[:3]})")
+            raise ValueError(f"{folder}: weights do not match its config.json as GPT-2 (missing "
+                             f"{missing[:3]}, unexpected {extra[:3]}, wrong shape {bad[:3]})")
         model.load_state_dict(sd)
         return model
 
     def save_pretrained(self, out_dir):
-        """Write out_dir in HF GPT-2 format (config.json + model.safetensors): GPT.from_pretrained(out_dir) and
-        transformers' GPT2LMHeadModel.from_pretrained(out_dir) give the same logits. The padded vocab rows
+        """Write out_dir in HF GPT-2 format (config.json + model.safetensors): GPT.from_pretrained(out_dir)
+        and transformers' GPT2LMHeadModel.from_pretrained(out_dir) give the same logits. The padded vocab rows
         beyond 50257 are dropped; lm_head is tied to wte, so it is stored once."""
         from safetensors.torch import save_file
         c = self.config
         if c.n_kv_head != c.n_head:
             raise ValueError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
-                             f"multi-query / grouped-query attention, so this model cannot be saved in its format")
+                             "multi-query / grouped-query attention, so this model cannot be saved in its "
+                             "format")
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
                   "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head,
                   "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
-                  "scale_attn_weights": True, "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot}
+                  "scale_attn_weights": True, "tie_word_embeddings": True, "bos_token_id": eot,
+                  "eos_token_id": eot}
         sd = {k: (v.t() if k.endswith(self._CONV1D) else v[:vocab] if k.endswith("wte.weight") else v)
               for k, v in self.state_dict().items() if k != "lm_head.weight"}
         os.makedirs(out_dir, exist_ok=True)
@@ -300,25 +317,26 @@ class GPT(nn.Module):
 
 
 def download_gpt2(name):
-    """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face Hub's
-    cache, downloading what is missing (huggingface_hub comes with datasets)."""
+    """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face
+    Hub's cache, downloading what is missing (huggingface_hub comes with datasets)."""
     if name not in PRETRAINED:
-        raise ValueError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF GPT-2 "
-                         f"format (config.json + model.safetensors) or a train_gpt2.py checkpoint (.pt)")
+        raise ValueError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF "
+                         "GPT-2 format (config.json + model.safetensors) or a train_gpt2.py checkpoint "
+                         "(.pt)")
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import logging
     except ImportError:
-        raise OSError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a local "
-                      f"folder in HF GPT-2 format (config.json + model.safetensors)") from None
+        raise OSError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a "
+                      "local folder in HF GPT-2 format (config.json + model.safetensors)") from None
     logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
     try:
         for file in ("config.json", "model.safetensors"):
             path = hf_hub_download(PRETRAINED[name], file)
     except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
-        raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face Hub "
-                      f"({first_line(e)}); without internet, pass a local folder in HF GPT-2 format (config.json + "
-                      f"model.safetensors) instead") from None
+        raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face "
+                      f"Hub ({first_line(e)}); without internet, pass a local folder in HF GPT-2 format "
+                      "(config.json + model.safetensors) instead") from None
     return os.path.dirname(path)
 
 

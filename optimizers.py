@@ -1,7 +1,7 @@
 """The optimizers: GPT-2's AdamW, or Muon for the blocks' weight matrices with AdamW for the rest.
 
-train_gpt2.py steps, unscales (fp16) and checkpoints every optimizer of the list alike, each following the same
-warmup and cosine from its own peak learning rate.
+train_gpt2.py steps, unscales (fp16) and checkpoints every optimizer of the list alike, each following the
+same warmup and cosine from its own peak learning rate.
 """
 import torch
 

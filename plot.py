@@ -20,7 +20,8 @@ SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
 def read_log(path):
     """The records of a train_gpt2.py metrics.jsonl, in order."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"training log {path} does not exist (train_gpt2.py writes LOG_DIR/metrics.jsonl)")
+        raise FileNotFoundError(f"training log {path} does not exist (train_gpt2.py writes "
+                                "LOG_DIR/metrics.jsonl)")
     with open(path) as f:
         lines = f.read().split("\n")
     records = []
@@ -32,7 +33,8 @@ def read_log(path):
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the line being written by a live run
                 continue
-            raise ValueError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py metrics.jsonl?") from None
+            raise ValueError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
+                             "metrics.jsonl?") from None
     return records
 
 
@@ -51,7 +53,8 @@ def load_metrics(path):
 
 
 def settings(path):
-    """The newest start record's settings, flat: {"config.B": 8, "model_config.n_layer": 12, "run.torch": ...}."""
+    """The newest start record's settings, flat: {"config.B": 8, "model_config.n_layer": 12, "run.torch":
+    ...}."""
     starts = [r for r in read_log(path) if r.get("event") == "start"]
     if not starts:
         return {}
@@ -60,7 +63,8 @@ def settings(path):
 
 
 def settings_diff(a, b):
-    """Lines 'name: a -> b' for each setting that differs between two settings() (the log_dir's name aside)."""
+    """Lines 'name: a -> b' for each setting that differs between two settings() (the log_dir's name
+    aside)."""
     missing = "(absent)"
     return [f"{k}: {a.get(k, missing)!r} -> {b.get(k, missing)!r}" for k in sorted(a.keys() | b.keys())
             if k != "config.log_dir" and a.get(k, missing) != b.get(k, missing)]
@@ -72,7 +76,8 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(20, 5))
-    panels = [(axes[0], [("loss", "train loss", dict(alpha=0.6, lw=1)), ("val_loss", "val loss", dict(marker="o"))],
+    panels = [(axes[0], [("loss", "train loss", dict(alpha=0.6, lw=1)),
+                         ("val_loss", "val loss", dict(marker="o"))],
                "loss (nats per token)"),
               (axes[1], [("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte"),
               (axes[2], [("hellaswag", "this run", dict(marker="o"))], "HellaSwag acc_norm")]
@@ -87,7 +92,8 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
                     value = baseline[key][steps[0]]
                     ax.axhline(value, color="k", ls=":", label=f"{baseline_label} ({value:.4f})")
                 else:
-                    ax.plot(steps, [baseline[key][s] for s in steps], color="k", ls="--", label=baseline_label)
+                    ax.plot(steps, [baseline[key][s] for s in steps], color="k", ls="--",
+                            label=baseline_label)
         if not any(series[key] for key, _, _ in keys):
             ax.text(0.5, 0.5, "no such records in this log", ha="center", transform=ax.transAxes)
         ax.set(xlabel="step", title=title)
@@ -104,13 +110,14 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log", default="log/metrics.jsonl", help="train_gpt2.py's metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
     parser.add_argument("--logy", action="store_true", help="log-scale loss axis")
-    parser.add_argument("--baseline", default=None, help="another run's metrics.jsonl (e.g. an --eval_only=True run "
-                        "of OpenAI's GPT-2 on the same data) to draw as reference lines; its differing settings "
-                        "are printed")
+    parser.add_argument("--baseline", default=None,
+                        help="another run's metrics.jsonl (e.g. an --eval_only=True run of OpenAI's GPT-2 on "
+                        "the same data) to draw as reference lines; its differing settings are printed")
     args = parser.parse_args()
     try:
         series = load_metrics(args.log)

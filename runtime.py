@@ -16,14 +16,15 @@ import torch.distributed as dist
 
 
 def first_line(e, limit=160):
-    """The first line of an exception's message, cut to `limit` characters: the reason a one-line error quotes."""
+    """The first line of an exception's message, cut to `limit` characters: the reason a one-line error
+    quotes."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
 
 
 @contextlib.contextmanager
 def one_line_errors():
-    """Expected mistakes (a bad setting, a missing or damaged file, no network) raise OSError or ValueError with a
-    message that names the fix: print it as one line and exit 1, without a traceback."""
+    """Expected mistakes (a bad setting, a missing or damaged file, no network) raise OSError or ValueError
+    with a message that names the fix: print it as one line and exit 1, without a traceback."""
     try:
         yield
     except (OSError, ValueError) as e:
@@ -40,7 +41,7 @@ def print0(*args):
         print(*args, flush=True)
 
 
-# ------------------------------------------------------------------------------------------------ device, dtype
+# ---------------------------------------------------------------------------------------------- device, dtype
 
 def pick_device(name="auto"):
     """The device to run on: "auto" is cuda, then mps (Apple GPUs), then cpu; a device that is named but not
@@ -51,14 +52,14 @@ def pick_device(name="auto"):
     if name not in available:
         raise ValueError(f"--device={name!r}: use auto, cuda, mps or cpu")
     if not available[name]():
-        raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks cuda, "
-                         f"mps or cpu, whichever is there)")
+        raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks "
+                         "cuda, mps or cpu, whichever is there)")
     return name
 
 
 def resolve_dtype(dtype, device):
-    """The compute dtype: "auto" is bf16 on a CUDA GPU that has it (Ampere and later), fp16 with loss scaling on
-    one that has not (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
+    """The compute dtype: "auto" is bf16 on a CUDA GPU that has it (Ampere and later), fp16 with loss scaling
+    on one that has not (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
     kind = torch.device(device).type
     if dtype == "auto":
         return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if kind == "cuda" else "fp32"
@@ -74,7 +75,8 @@ def autocast(device, dtype="auto"):
     dtype = resolve_dtype(dtype, device)
     if dtype == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+    return torch.autocast(torch.device(device).type,
+                          dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
 def synchronize(device):
@@ -88,7 +90,8 @@ def synchronize(device):
 
 def device_name(device):
     """A device's name for logs and reports: the GPU's; for a CPU its model and cores, and whether it has bf16
-    matmul instructions (AVX-512-BF16 or AMX): without them PyTorch emulates bf16 and runs it many times slower."""
+    matmul instructions (AVX-512-BF16 or AMX): without them PyTorch emulates bf16 and runs it many times
+    slower."""
     kind = torch.device(device).type
     if kind == "cuda":
         return torch.cuda.get_device_name(device)
@@ -138,8 +141,8 @@ class Runtime:
 
 
 def processes(device="auto", dtype="auto"):
-    """A Runtime with the rank, the world and the device kind and dtype, before any process group exists: a bad
-    --device or --dtype fails here in one line. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
+    """A Runtime with the rank, the world and the device kind and dtype, before any process group exists: a
+    bad --device or --dtype fails here in one line. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
     distributed = "RANK" in os.environ
     rank, local_rank, world_size = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
                                     int(os.environ["WORLD_SIZE"])) if distributed else (0, 0, 1)
@@ -187,7 +190,8 @@ def git_state():
     """(commit, dirty) of the code that runs: HEAD, and whether tracked files differ from it; (None, None)
     outside a git checkout."""
     def git(*args):
-        return subprocess.run(["git", *args], cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
+        return subprocess.run(["git", *args], cwd=os.path.dirname(os.path.abspath(__file__)),
+                              capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
     try:
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
@@ -206,8 +210,12 @@ def run_info(rt, optimizers):
         me = everyone
     commit, dirty = git_state()
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "devices": dict(collections.Counter(name for _, name in me)),
+            "cudnn": torch.backends.cudnn.version(),
+            "devices": dict(collections.Counter(name for _, name in me)),
             "hosts": len({host for host, _ in me}), "git_commit": commit, "git_dirty": dirty,
-            "backend": dist.get_backend() if rt.distributed else None, "dtype": rt.dtype, "compile": rt.compile,
+            "backend": dist.get_backend() if rt.distributed else None, "dtype": rt.dtype,
+            "compile": rt.compile,
             "tf32": rt.kind == "cuda" and torch.backends.cuda.matmul.allow_tf32,
-            "fused_adamw": any(isinstance(o, torch.optim.AdamW) and bool(o.defaults["fused"]) for o in optimizers)}
+            "fused_adamw": any(isinstance(o,
+                                          torch.optim.AdamW) and bool(o.defaults["fused"])
+                                          for o in optimizers)}

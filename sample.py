@@ -28,10 +28,13 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="gpt2", help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, "
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt2",
+                        help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, "
                         "or gpt2[-medium|-large|-xl]")
-    parser.add_argument("--prompt", default="Hello, I'm a language model,", help='text, or FILE:path to read it')
+    parser.add_argument("--prompt", default="Hello, I'm a language model,",
+                        help='text, or FILE:path to read it')
     parser.add_argument("--num_samples", type=int, default=4)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="< 1 sharper, > 1 more random")

@@ -1,9 +1,10 @@
 """Train GPT-2 (124M) from scratch: one GPU, eight, several nodes, or a laptop CPU.
 
-    python train_gpt2.py                                        # 1 process (on a CPU: a small model on input.txt)
-    torchrun --standalone --nproc_per_node=8 train_gpt2.py      # 8 GPUs, one node
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train_gpt2.py  # each
-    python train_gpt2.py --max_steps=100 --B=32 --compile=False # any setting below, as --name=value
+    python train_gpt2.py                                    # 1 process (on a CPU: a small model on input.txt)
+    torchrun --standalone --nproc_per_node=8 train_gpt2.py  # 8 GPUs, one node
+    python train_gpt2.py --max_steps=100 --B=32             # any setting below, as --name=value
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train_gpt2.py
+                                                            # on each of 2 nodes (HOST: the first one)
 
 Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it the script trains
 on input.txt and says so. A rerun with the same log_dir continues from its latest checkpoint.
@@ -43,14 +44,14 @@ vocab_size = 50304  # GPT-2's 50,257 tokens padded to a multiple of 128: faster 
 size = ""  # 124M, 350M, 774M or 1558M: sets n_layer, n_head, n_kv_head, n_embd and max_lr (--name=value wins)
 n_layer = 12
 n_head = 12
-n_kv_head = 12  # key/value heads: = n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
+n_kv_head = 12  # key/value heads: n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
 n_embd = 768
 max_lr = 6e-4  # peak learning rate (GPT-3 small's)
 min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
 max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
 weight_decay = 0.1
-optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: torch.optim.Muon for the blocks' matrices, AdamW for the rest
+optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: Muon for the blocks' matrices, AdamW for the rest
 muon_lr = 0.01  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
@@ -60,22 +61,26 @@ hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,04
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
 keep_checkpoints = 2  # the newest K checkpoints are kept
-init_from = "scratch"  # scratch | resume (the default if log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large,
-# gpt2-xl (OpenAI's weights) | an HF GPT-2 folder | a model_*.pt: start from those weights, with a fresh optimizer
-eval_only = False  # evaluate init_from's model (val loss and bpb, HellaSwag, samples) into log_dir; train nothing
+# scratch | resume (default when log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large,
+init_from = "scratch"
+# gpt2-xl (OpenAI's weights) | an HF GPT-2 folder | a model_*.pt: those weights, with a fresh optimizer
+eval_only = False  # evaluate init_from's model (val loss, bpb, HellaSwag, samples) into log_dir; no training
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
-fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU's memory
+fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
 device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
-dtype = "auto"  # auto: bf16 where the GPU has it, else fp16 with loss scaling on CUDA, else fp32; or bf16/fp16/fp32
-loss_scale = 65536.0  # fp16 only: the first loss scale (lowered after an overflow, raised after 2000 clean steps)
+# auto: bf16 on GPUs that have it, else fp16 (loss scaling) on CUDA, else fp32; or bf16, fp16, fp32
+dtype = "auto"
+loss_scale = 65536.0  # fp16 only: the first loss scale (halved on overflow, doubled after 2000 clean steps)
 log_dir = "log"
 seed = 1337
 # ------------------------------------------------------------------------------------------------------------
-CONFIG = {k: v for k, v in dict(globals()).items() if not k.startswith("_") and type(v) in (int, float, str, bool)}
+CONFIG = {k: v for k, v in dict(globals()).items()
+          if not k.startswith("_") and type(v) in (int, float, str, bool)}
 
-PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for models of those sizes
-SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]} for name, shape in GPT2_SIZES.items()}
+PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
+SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
+         for name, shape in GPT2_SIZES.items()}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
@@ -94,7 +99,8 @@ def parse_overrides(argv, defaults):
         key, value = arg[2:].split("=", 1)
         if key not in defaults:
             close = difflib.get_close_matches(key, defaults, n=1)
-            raise SystemExit(f"error: unknown setting {key!r}" + (f"; did you mean --{close[0]}?" if close else ""))
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise SystemExit(f"error: unknown setting {key!r}{hint}")
         kind = type(defaults[key])
         try:
             if kind is bool:
@@ -108,7 +114,8 @@ def parse_overrides(argv, defaults):
             else:
                 overrides[key] = kind(value)
         except ValueError:
-            raise SystemExit(f"error: --{key}={value!r} is not a {kind.__name__} (default: {defaults[key]!r})") from None
+            raise SystemExit(f"error: --{key}={value!r} is not a {kind.__name__} "
+                             f"(default: {defaults[key]!r})") from None
     return overrides
 
 
@@ -118,22 +125,23 @@ def apply_size(cfg, overrides):
     if not cfg["size"]:
         return cfg, overrides
     if cfg["size"] not in SIZES:
-        raise SystemExit(f"error: --size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
-                         f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
+        raise SystemExit(f"error: --size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the "
+                         f"settings n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
     preset = {k: v for k, v in SIZES[cfg["size"]].items() if k not in overrides}
     return {**cfg, **preset}, ({**overrides, **preset} if "size" in overrides else overrides)
 
 
 def apply_fallbacks(cfg, overrides, use_cuda, world_size):
-    """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small model.
-    Both with settings to match, except those given on the command line; one step is then 2 micro-batches."""
+    """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small
+    model. Both with settings to match, except those given on the command line; a step is 2 micro-batches."""
     small, notes = {}, []
     if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
-        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on input.txt")
+        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on "
+                     f"input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
     if not use_cuda:
-        notes.append("no CUDA device: training a small model with a small batch on the CPU (settings given on the "
-                     "command line are kept)")
+        notes.append("no CUDA device: training a small model with a small batch on the CPU (settings given "
+                     "on the command line are kept)")
         small.update(CPU_CONFIG)
     cfg = {**cfg, **{k: v for k, v in small.items() if k not in overrides}}
     if small and "total_batch_size" not in overrides:
@@ -147,9 +155,9 @@ def validate(cfg, rt):
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise SystemExit(f"error: --optimizer={cfg['optimizer']!r}: use adamw or muon")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
-        raise SystemExit("error: --optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
-                         "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
-                         "--optimizer=adamw")
+        raise SystemExit("error: --optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each "
+                         "whole weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or "
+                         "use --optimizer=adamw")
     if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
         raise SystemExit("error: --eval_only=True evaluates given weights: set --init_from to gpt2 (or "
                          "gpt2-medium, gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
@@ -159,29 +167,30 @@ def validate(cfg, rt):
     if not os.path.exists(cfg["data_root"]):
         raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python "
                          f"fineweb.py --out_dir {cfg['data_root']}` or point --data_root at a text file")
-    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps", "checkpoint_interval",
-                "keep_checkpoints"):
+    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps",
+                "checkpoint_interval", "keep_checkpoints"):
         if cfg[key] < 1:
             raise SystemExit(f"error: --{key}={cfg[key]} must be at least 1")
     if cfg["T"] > cfg["block_size"]:
-        raise SystemExit(f"error: T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
+        raise SystemExit(f"error: T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise "
+                         f"block_size")
     tokens_per_micro_step = cfg["B"] * cfg["T"] * rt.world_size
     if cfg["total_batch_size"] % tokens_per_micro_step:
-        raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of B*T*world_size "
-                         f"= {cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: change B, T or "
-                         f"total_batch_size")
+        raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of "
+                         f"B*T*world_size = {cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: "
+                         f"change B, T or total_batch_size")
     return cfg["total_batch_size"] // tokens_per_micro_step
 
 
 def build_model(cfg, resume):
-    """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF folder
-    or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
+    """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF
+    folder or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
     with one_line_errors():  # a bad model name, folder or shape
         if resume is not None:
             return GPT(GPTConfig(**{**resume.model_config, "grad_checkpoint": cfg["grad_checkpoint"]}))
         if cfg["init_from"] == "scratch":
-            shape = {k: cfg[k] for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")}
-            return GPT(GPTConfig(**shape, grad_checkpoint=cfg["grad_checkpoint"]))
+            shape = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+            return GPT(GPTConfig(**{k: cfg[k] for k in shape}, grad_checkpoint=cfg["grad_checkpoint"]))
         model = load_model(cfg["init_from"])
         model.config = dataclasses.replace(model.config, grad_checkpoint=cfg["grad_checkpoint"])
         return model
@@ -193,15 +202,17 @@ def load_data(cfg, rt):
         args = (cfg["B"], cfg["T"], rt.rank, rt.world_size)
         train = DataLoaderLite(*args, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
         val = DataLoaderLite(*args, "val", cfg["data_root"])
-        examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"]) if cfg["hellaswag"] > 0 else None
+        examples = None
+        if cfg["hellaswag"] > 0:
+            examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"])
     return train, val, examples
 
 
 def wrap_model(raw_model, cfg, rt):
     """(train_model, eval_model, grad_sync), decided once: how this rank runs the model.
 
-    DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes inside
-    torch.compile, so the graph is split at the buckets and each all-reduce overlaps the rest of the backward.
+    DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes
+    inside torch.compile, so the graph is split at the buckets and each all-reduce overlaps the backward.
     Evaluation runs each rank's own batches through the model without DDP. FSDP2: each Block, then the root
     (wte = lm_head, wpe, ln_f: the tying survives) is sharded over the ranks, so each keeps 1/world of the
     parameters, gradients and AdamW states; every rank must then run every forward, evaluation included.
@@ -227,7 +238,7 @@ def wrap_model(raw_model, cfg, rt):
 
 
 def get_lr(step, cfg, peak=None):
-    """Linear warmup to the peak (max_lr unless given), then a cosine down to peak * min_lr_ratio at max_steps."""
+    """Linear warmup to the peak (max_lr unless given), then a cosine to peak * min_lr_ratio at max_steps."""
     max_lr = cfg["max_lr"] if peak is None else peak
     min_lr = max_lr * cfg["min_lr_ratio"]
     if step < cfg["warmup_steps"]:
@@ -249,7 +260,7 @@ def log(path, record):
 
 def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
     """Print what this run is and write its first record: the settings, the model, the environment."""
-    os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a run refused earlier leaves no empty log_dir behind
+    os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a refused run leaves no empty log_dir behind
     if cfg["eval_only"] and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
     shards = rt.world_size if cfg["fsdp"] else 1
@@ -258,13 +269,13 @@ def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps,
     print0(f"model: {model.num_params():,} parameters, {model.config}")
     print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
            f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
-    print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} processes x "
-           f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per process "
-           f"{mem['total'] / 2**30:.1f} GiB"
+    print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} processes "
+           f"x {grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
+           f"process {mem['total'] / 2**30:.1f} GiB"
            + (f" (parameters, gradients and AdamW states sharded {shards} ways)" if cfg["fsdp"] else ""))
-    log(path, {"event": "start", "step": step, "config": cfg, "model_config": dataclasses.asdict(model.config),
-               "world_size": rt.world_size, "fallbacks": notes, "time": time.time(),
-               "run": runtime.run_info(rt, optimizers)})
+    log(path, {"event": "start", "step": step, "config": cfg,
+               "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
+               "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, optimizers)})
 
 
 def catch_stop_signals():
@@ -277,10 +288,11 @@ def catch_stop_signals():
 
 
 def diverged(step, loss, norm, last_checkpoint, path):
-    """A non-finite loss or gradient norm: said, logged, and the run stops before the step's update (exit 1)."""
-    print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step}: stopped before its update. "
-           f"The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then rerun to resume "
-           f"from the newest checkpoint that verifies")
+    """A non-finite loss or gradient norm: said, logged, and the run stops before the step's update (exit
+    1)."""
+    print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step}: stopped before its "
+           f"update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then rerun "
+           f"to resume from the newest checkpoint that verifies")
     log(path, {"step": step, "event": "non-finite", "loss": loss, "grad_norm": norm})
     return 1
 
@@ -314,7 +326,7 @@ def validation_loss(model, loader, steps, rt):
 @torch.no_grad()
 def sample_texts(model, seed, rt, n=4, length=32):
     """n continuations of the same prompt. Every rank samples the same tokens (its own seeded generator, so
-    training's RNG is untouched); decoding changes shapes every token: the uncompiled model with its KV-cache."""
+    training's RNG is untouched). Decoding changes shapes every token: the uncompiled model, KV-cached."""
     enc = get_encoding()
     gen = torch.Generator(rt.device).manual_seed(seed)
     prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * n, device=rt.device)
@@ -324,16 +336,18 @@ def sample_texts(model, seed, rt, n=4, length=32):
 
 
 def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
-    """Validation loss and bits per byte, HellaSwag (when examples are given) and samples: printed and logged."""
+    """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
     eval_model.eval()
     val_loss, val_bpb = validation_loss(eval_model, val_loader, cfg["val_steps"], rt)
     print0(f"step {step}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        per_forward = max(1, cfg["B"] * cfg["T"] // (4 * 192))  # 4 rows of <= 192 tokens: a micro-batch's tokens
-        hs = hellaswag_eval(eval_model, examples, rt.device, per_forward, rt.rank, rt.world_size, dtype=rt.dtype)
+        per_forward = max(1, cfg["B"] * cfg["T"] // (4 * 192))  # 4 rows of <= 192 tokens: a micro-batch
+        hs = hellaswag_eval(eval_model, examples, rt.device, per_forward, rt.rank, rt.world_size,
+                            dtype=rt.dtype)
         print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
-        log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"], "hellaswag_n": hs["n"]})
+        log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
+                   "hellaswag_n": hs["n"]})
     samples = sample_texts(raw_model, cfg["seed"], rt)
     for s in samples:
         print0(f"sample: {s!r}")
@@ -348,7 +362,7 @@ def main(argv):
     overrides = parse_overrides(argv, CONFIG)
     cfg, overrides = apply_size({**CONFIG, **overrides}, overrides)
 
-    # ---------------------------------------------------------------------------------------- processes, device
+    # -------------------------------------------------------------------------------------- processes, device
     rt = runtime.processes(cfg["device"], cfg["dtype"])
     cfg, notes = apply_fallbacks(cfg, overrides, rt.kind == "cuda", rt.world_size)
     grad_accum_steps = validate(cfg, rt)
@@ -361,7 +375,7 @@ def main(argv):
     if resume is not None and resume.finished:
         return 0
 
-    # ---------------------------------------------------------------------------------------- model, data, optimizer
+    # --------------------------------------------------------------------------------- model, data, optimizer
     torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
     raw_model = build_model(cfg, resume).to(rt.device)
     train_loader, val_loader, examples = load_data(cfg, rt)
@@ -389,7 +403,7 @@ def main(argv):
         for micro_step in range(grad_accum_steps):
             x, y = train_loader.next_batch()
             x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with grad_sync(micro_step == grad_accum_steps - 1):  # gradients cross ranks after the last one only
+            with grad_sync(micro_step == grad_accum_steps - 1):  # gradients cross ranks after the last only
                 with autocast(rt.device, rt.dtype):
                     _, loss = train_model(x, y)
                 loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
@@ -402,11 +416,11 @@ def main(argv):
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
         for opt in optimizers:
             scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: over all shards
+        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: all shards
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
         loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
         # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips the update
-        # and lowers the scale), not a diverged run; a non-finite loss, or gradient norm without fp16, stops it
+        # and lowers the scale), not a diverged run; a non-finite loss, or norm without fp16, stops it
         skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
         if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
@@ -415,7 +429,7 @@ def main(argv):
             for group in opt.param_groups:
                 group["lr"] = get_lr(step, cfg, peak_lr)
         scale = scaler.get_scale() if scaler.is_enabled() else None
-        if not skipped:  # fp16 overflow: no optimizer steps (the scaler alone would skip only the one that saw it)
+        if not skipped:  # fp16 overflow: no optimizer steps (the scaler would skip only the one that saw it)
             for opt in optimizers:
                 scaler.step(opt)
         scaler.update()  # fp16: lowers the scale after an overflow
@@ -427,14 +441,15 @@ def main(argv):
         print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm {norm_v:.4f} | "
                f"{dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU " + ("n/a" if util is None else f"{util:.1%}")
                + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
-        log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000, "tok_s": tok_s,
-                      "mfu": util} | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
+        log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
+                      "tok_s": tok_s, "mfu": util}
+                     | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
         last = step == cfg["max_steps"]
         if step % cfg["eval_interval"] == 0 or last:
             evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
         if step % cfg["checkpoint_interval"] == 0 or last or stop:
             last_checkpoint = save_run(cfg, rt, step, raw_model, optimizers, scaler, train_loader)
-        if stop:  # a stop is not a finish: shell scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
+        if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
             print0(f"stopped by signal {stop} after step {step}; rerun the same command to resume")
             return 128 + stop
     return 0

@@ -1,6 +1,6 @@
 """Tokenizing throughput: the common approach (build-nanogpt: a process pool mapping encode_ordinary over
-single documents, chunksize 16) vs fineweb.py's batches (processes, encode_to_numpy), on the same documents held in memory
-(reading is left out of both), checking that both produce the same token stream.
+single documents, chunksize 16) vs fineweb.py's batches (processes, encode_to_numpy), on the same documents
+held in memory (reading is left out of both), checking that both produce the same token stream.
 
     python dev/bench_tokenize.py corpus.jsonl [--text_field text]
 """
@@ -51,11 +51,13 @@ def main():
             times[fn].append(time.time() - t0)
             assert np.array_equal(out, tokenize_reference), "the token streams differ"
 
-    print(f"{len(docs):,} documents, {len(out):,} tokens, {n} cores, {args.rounds} rounds; tokens/s median (best)")
+    print(f"{len(docs):,} documents, {len(out):,} tokens, {n} cores, {args.rounds} rounds; tokens/s median "
+          "(best)")
     rate = {fn: (len(out) / np.median(t), len(out) / min(t)) for fn, t in times.items()}
-    print(f"process pool, encode_ordinary per document, chunksize 16: {rate[baseline][0]:,.0f} ({rate[baseline][1]:,.0f})")
-    print(f"fineweb.py: processes, encode_to_numpy, 256-doc batches:  {rate[ours][0]:,.0f} ({rate[ours][1]:,.0f}), "
-          f"{rate[ours][0] / rate[baseline][0]:.2f}x")
+    print(f"process pool, encode_ordinary per document, chunksize 16: {rate[baseline][0]:,.0f} "
+          f"({rate[baseline][1]:,.0f})")
+    print(f"fineweb.py: processes, encode_to_numpy, 256-doc batches:  {rate[ours][0]:,.0f} "
+          f"({rate[ours][1]:,.0f}), {rate[ours][0] / rate[baseline][0]:.2f}x")
 
 
 if __name__ == "__main__":

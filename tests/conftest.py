@@ -21,7 +21,8 @@ TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=
 # the exact-resume tests compare runs bit for bit.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",
-        "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1) for i in range(60)]
+        "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1)
+                                       for i in range(60)]
 
 
 @pytest.fixture(scope="session")
@@ -42,15 +43,16 @@ def run_args(text):
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, text):
-    """run_args uninterrupted in one process: (losses, final weights, log_dir); copy the log_dir to change it."""
+    """run_args uninterrupted in one process: (losses, final weights, log_dir); copy the log_dir to change
+    it."""
     d = tmp_path_factory.mktemp("ref")
     train(run_args(text) + [f"--log_dir={d / 'log'}"], cwd=d)
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
 def train(args, cwd, check=True, nproc=None, env=None, timeout=600):
-    """train_gpt2.py with args (under torchrun with nproc gloo processes); env: more environment variables, and
-    then stderr comes in stdout, in order (the recompile log among the step lines)."""
+    """train_gpt2.py with args (under torchrun with nproc gloo processes); env: more environment variables,
+    and then stderr comes in stdout, in order (the recompile log among the step lines)."""
     cmd = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                               if nproc else []) + [SCRIPT] + args
     r = subprocess.run(cmd, cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, text=True,
@@ -87,7 +89,8 @@ def final_weights(log_dir):
 def assert_one_line_error(r, *phrases):
     """An expected mistake: exit status 1, one line on stderr naming what is wrong, no traceback."""
     err = r.stderr.strip()
-    assert r.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, (r.returncode, err[-3000:])
+    assert r.returncode == 1 and "Traceback" not in err, (r.returncode, err[-3000:])
+    assert len(err.splitlines()) == 1, err[-3000:]
     for phrase in phrases:
         assert phrase in err, (phrase, err)
 
@@ -110,6 +113,7 @@ def hellaswag_example(i, label=None):
 
 def save_model(model, path, step=0):
     """model as a train_gpt2.py checkpoint (weights and config, checksummed), for load_model."""
-    save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "step": step},
+    save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
+                     "step": step},
                     str(path))
     return str(path)

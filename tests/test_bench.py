@@ -1,5 +1,5 @@
-"""bench.py: the report of a CPU run through its command line, and the pieces a CPU cannot reach in it (GPU kernel
-names, running out of GPU memory). gpu_check's parts that run on a CPU."""
+"""bench.py: the report of a CPU run through its command line, and the pieces a CPU cannot reach in it (GPU
+kernel names, running out of GPU memory). gpu_check's parts that run on a CPU."""
 import json
 import re
 
@@ -10,21 +10,26 @@ def test_bench_cpu_smoke(tmp_path):
     """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it)."""
     out = tmp_path / "bench.md"
     trace = tmp_path / "trace.json"
-    r = script("bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1", "--warmup", "1", "--out", str(out),
+    r = script("bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1", "--warmup", "1",
+               "--out", str(out),
                "--trace", str(trace))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
     report = out.read_text()
-    rows = re.findall(r"^\| (\+ [^|]+|fp32, eager) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]*x?) \|$", report, re.M)
-    assert [name for name, *_ in rows] == ["fp32, eager", "+ TF32 matmuls", "+ bf16 autocast", "+ flash attention",
+    rows = re.findall(r"^\| (\+ [^|]+|fp32, eager) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]*x?) \|$",
+                      report, re.M)
+    assert [name for name, *_ in rows] == ["fp32, eager", "+ TF32 matmuls", "+ bf16 autocast",
+                                           "+ flash attention",
                                            "+ vocab 50304", "+ fused AdamW"]
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
-    assert "identical tokens: True" in report and "model.py estimate" in report
-    assert re.search(r"^.+ \(\d+ cores, (with|no|unknown) AVX-512-BF16/AMX\), torch ", report, re.M)  # which CPU
+    assert "identical tokens: True" in report and "accounting.py estimate" in report
+    # which CPU
+    assert re.search(r"^.+ \(\d+ cores, (with|no|unknown) AVX-512-BF16/AMX\), torch ", report, re.M)
     parts = dict(re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \| \d+% \|$", report, re.M))
     assert list(parts) == ["cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)",
-                           "matmuls (linear layers, lm_head)", "other (LayerNorm, GELU, adds, embedding, copies)",
+                           "matmuls (linear layers, lm_head)",
+                           "other (LayerNorm, GELU, adds, embedding, copies)",
                            "idle (launch gaps, CPU overhead)"]
     for part in ("cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)",
                  "matmuls (linear layers, lm_head)"):  # each of them runs on every step
@@ -33,12 +38,14 @@ def test_bench_cpu_smoke(tmp_path):
 
 
 def test_presets_table():
-    """Per GPT-2 size: memory per GPU under DDP and FSDP x8 and the largest B that fits, by model.py's estimate."""
+    """Per GPT-2 size: memory per GPU under DDP and FSDP x8 and the largest B that fits, by accounting.py's
+    estimate."""
     import bench
     from accounting import training_memory
     from model import GPT2_SIZES, GPTConfig
     lines = bench.presets(1024)
-    row = re.compile(r"^\| (\d+M) \| [\d,]+ \| ([\d.]+) GiB \| ([\d.]+) GiB \| (\d+) / (\d+) \| (\d+) / (\d+) \|$")
+    row = re.compile(r"^\| (\d+M) \| [\d,]+ \| ([\d.]+) GiB \| ([\d.]+) GiB "
+                     r"\| (\d+) / (\d+) \| (\d+) / (\d+) \|$")
     rows = [m for m in map(row.match, lines) if m]
     assert [m.group(1) for m in rows] == list(GPT2_SIZES)
     for m in rows:
@@ -58,22 +65,26 @@ def test_bench_bad_rung():
 
 
 def test_breakdown_parts():
-    """The names breakdown() sorts: CUDA kernels of eager and compiled steps, and CPU ops with their callers."""
+    """The names breakdown() sorts: CUDA kernels of eager and compiled steps, and CPU ops with their
+    callers."""
     from bench import OTHER, part_of
     ce, attn, opt, mm = "cross-entropy over the logits", "attention", "optimizer (clipping, AdamW)", \
         "matmuls (linear layers, lm_head)"
     cases = {
         "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float, "
         "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)": ce,
-        "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>": ce,
+        "void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<float, float, "
+        "long>": ce,
         "triton_red_fused__log_softmax_nll_loss_forward_3": ce,
         "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, "
         "cutlass::bfloat16_t>, false, true, false>(pytorch_flash::Flash_fwd_params)": attn,
         "fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)": attn,
         "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>": attn,  # the explicit attention's softmax
-        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-        "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4>>": opt,
+        # the explicit attention's softmax
+        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>": attn,
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+        "namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous "
+        "namespace)::FusedAdamMathFunctor<float, 4>>": opt,
         "void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float, float>(float const*)": opt,
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
         "execute_segment_k_off_kernel__5x_cublas": mm,
@@ -86,15 +97,17 @@ def test_breakdown_parts():
     }
     for name, part in cases.items():
         assert part_of([name]) == part, name
-    assert part_of(["aten::fill_", "aten::zero_", "aten::nll_loss_backward", "aten::cross_entropy_loss"]) == ce
-    assert part_of(["aten::mul_", "optimizer"]) == opt  # clipping's mul_, under bench.py's record_function label
+    assert part_of(["aten::fill_", "aten::zero_", "aten::nll_loss_backward",
+                    "aten::cross_entropy_loss"]) == ce
+    # clipping's mul_, under bench.py's record_function label
+    assert part_of(["aten::mul_", "optimizer"]) == opt
     assert part_of(["aten::addmm", "aten::linear"]) == mm and part_of(["aten::mm", "MmBackward0"]) == mm
     assert part_of(["aten::native_layer_norm", "aten::layer_norm"]) == OTHER
 
 
 def test_breakdown_follows_callers():
-    """On CPU an op that no pattern names (the fill_ that zeroes the logits' gradient inside nll_loss_backward)
-    is counted in its caller's part: a cross-entropy step is all cross-entropy."""
+    """On CPU an op that no pattern names (the fill_ that zeroes the logits' gradient inside
+    nll_loss_backward) is counted in its caller's part: a cross-entropy step is all cross-entropy."""
     import torch
     from torch.nn import functional as F
     from bench import breakdown
@@ -105,9 +118,11 @@ def test_breakdown_follows_callers():
         logits.grad = None
         F.cross_entropy(logits, targets).backward()
     lines = breakdown(step, "cpu", step_time=10.0, steps=2)
-    ms = {part: float(v) for part, v in re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \|", "\n".join(lines), re.M)}
+    found = re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \|", "\n".join(lines), re.M)
+    ms = {part: float(v) for part, v in found}
     assert ms["cross-entropy over the logits"] > 0
-    assert ms["other (LayerNorm, GELU, adds, embedding, copies)"] < 0.02 * ms["cross-entropy over the logits"], ms
+    assert ms["other (LayerNorm, GELU, adds, embedding, "
+              "copies)"] < 0.02 * ms["cross-entropy over the logits"], ms
 
 
 def test_ladder_goes_on_after_out_of_memory(monkeypatch):
@@ -124,7 +139,8 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
         return real(step, device, steps, warmup)
     monkeypatch.setattr(bench, "time_steps", first_runs_out)
     size = dict(n_layer=1, n_head=2, n_embd=16, block_size=32)
-    lines, _, _, step, dt = bench.ladder(size, 2, 16, "cpu", 1, 0, {"bf16", "compile", "flash", "vocab", "fused"})
+    skip = {"bf16", "compile", "flash", "vocab", "fused"}
+    lines, _, _, step, dt = bench.ladder(size, 2, 16, "cpu", 1, 0, skip)
     assert lines[2] == "| fp32, eager | out of memory at B=2 | | | | |"
     assert lines[3].startswith("| + TF32 matmuls | ") and lines[3].endswith("|  |")  # no speed-up column
     assert step is not None and dt > 0 and len(lines) == 4

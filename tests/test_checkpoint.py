@@ -1,4 +1,5 @@
-"""checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is used."""
+"""checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is
+used."""
 import os
 
 import pytest
@@ -16,7 +17,8 @@ def state():
     with torch.no_grad():
         model.transformer.h[0].mlp.c_fc.weight.fill_(MARK)
     return {"model": model.state_dict(), "model_config": {"block_size": 16, "vocab_size": 64, "n_layer": 1,
-            "n_head": 2, "n_embd": 16}, "step": 3, "config": {"B": 4, "data_root": "x"}, "dataloader": {"row": 8},
+            "n_head": 2, "n_embd": 16}, "step": 3, "config": {"B": 4, "data_root": "x"},
+            "dataloader": {"row": 8},
             "rng": {"cpu": torch.get_rng_state(), "cuda": None}}
 
 
@@ -48,7 +50,8 @@ def test_damage_is_detected(tmp_path):
                         ("missing.pt", "does not exist")]:
         with pytest.raises(CheckpointError, match=match):
             load_checkpoint(str(tmp_path / name))
-    flipped = torch.load(tmp_path / "flipped.pt", weights_only=True)  # what a plain torch.load would have used
+    # what a plain torch.load would have used
+    flipped = torch.load(tmp_path / "flipped.pt", weights_only=True)
     key = "transformer.h.0.mlp.c_fc.weight"
     assert not torch.equal(flipped["model"][key], state()["model"][key])
 
@@ -89,5 +92,6 @@ def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name):
         f.truncate(os.path.getsize(path) - 200)
     data = tmp_path / "hs.jsonl"
     data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
-    r = script(name, "--model", path, "--device", "cpu", *(["--data", str(data)] if name == "hellaswag.py" else []))
+    r = script(name, "--model", path, "--device", "cpu", *(["--data",
+                                                            str(data)] if name == "hellaswag.py" else []))
     assert_one_line_error(r, f"checkpoint {path} is damaged: it cannot be read")

@@ -79,7 +79,8 @@ def test_local_input_kinds(tmp_path):
     assert np.array_equal(load_shard(shards_of(tmp_path / "o")[0]), expected)
     # a single .txt file (like input.txt) is one document
     fineweb.main(str(d / "sub" / "c.txt"), str(tmp_path / "o2"), "text", 10_000, "m", 1)
-    assert np.array_equal(load_shard(shards_of(tmp_path / "o2")[0]), expected[-len(reference(["a whole file is one document\n\nwith paragraphs"])):])
+    assert np.array_equal(load_shard(shards_of(tmp_path / "o2")[0]),
+                          expected[-len(reference(["a whole file is one document\n\nwith paragraphs"])):])
 
 
 def test_save_to_disk_dir(tmp_path):
@@ -109,7 +110,8 @@ def test_resume_after_crash_between_write_and_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", real_replace)
     assert len(shards_of(out)) == 3 and os.path.exists(out / "t_train_000003.bin.tmp")
     loader = DataLoaderLite(1, 4, data_root=str(out))  # the loader sees only whole shards: train 1 and 2
-    assert [os.path.basename(name) for name, _ in loader.shards] == ["t_train_000001.bin", "t_train_000002.bin"]
+    names = [os.path.basename(name) for name, _ in loader.shards]
+    assert names == ["t_train_000001.bin", "t_train_000002.bin"]
 
     fineweb.main(str(src), str(out), "text", 97, "t", 2)  # rerun: resumes after shard 2
     assert not glob.glob(str(out / "*.tmp"))
@@ -152,8 +154,9 @@ def test_resume_after_sigkill(tmp_path):
     with pytest.raises(ValueError, match="rerun the fineweb.py command that made it"):
         load_shard(paths[5])
     r = subprocess.run(cmd + ["--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and f"fineweb: {paths[5]} is damaged (wrong header or size): writing it and the " \
-        f"{len(expected) - 6} shards after it again" in r.stdout, r.stdout + r.stderr[-2000:]
+    said = (f"fineweb: {paths[5]} is damaged (wrong header or size): writing it and the {len(expected) - 6} "
+            f"shards after it again")
+    assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr[-2000:]
     assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
 
 
@@ -163,16 +166,22 @@ def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     cli = [sys.executable, "fineweb.py", "--workers", "1"]
-    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "HF_HOME": str(tmp_path / "hf")}
     cases = [  # (arguments, phrases the one line must hold, environment)
-        (["--input", str(src), "--out_dir", str(tmp_path / "afile")], ["afile is a file, not a folder"], None),
-        (["--input", str(src), "--out_dir", "/proc/no_shards_here"], ["--out_dir /proc/no_shards_here cannot be "
+        (["--input", str(src), "--out_dir", str(tmp_path / "afile")], ["afile is a file, not a "
+                                                                       "folder"], None),
+        (["--input", str(src), "--out_dir", "/proc/no_shards_here"],
+         ["--out_dir /proc/no_shards_here cannot be "
                                                                       "created or written"], None),
-        (["--input", str(tmp_path / "nope.jsonl"), "--out_dir", str(tmp_path / "o")], ["nope.jsonl does not exist"],
+        (["--input", str(tmp_path / "nope.jsonl"), "--out_dir", str(tmp_path / "o")],
+         ["nope.jsonl does not exist"],
          None),
-        (["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")], ["bad.jsonl:1: not valid JSON"],
+        (["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")],
+         ["bad.jsonl:1: not valid JSON"],
          None),
-        (["--out_dir", str(tmp_path / "o")], ["could not stream HuggingFaceFW/fineweb-edu", "--input takes local"],
+        (["--out_dir", str(tmp_path / "o")], ["could not stream HuggingFaceFW/fineweb-edu",
+                                              "--input takes local"],
          offline),
     ]
     for args, phrases, env in cases:
@@ -243,7 +252,7 @@ def test_bad_shard_files(tmp_path):
         load_shard(str(tmp_path / "nope.bin"))
 
 
-# ------------------------------------------------------------------------------------------------ DataLoaderLite
+# --------------------------------------------------------------------------------------------- DataLoaderLite
 
 SIZES = [3001, 5003, 4100, 2600]  # train shards 1..4 of a toy corpus; shard 0 is val
 
@@ -282,7 +291,8 @@ def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
         for x, y in step:
             assert x.dtype == y.dtype == np.int64 or str(x.dtype) == "torch.int64"
             assert x.shape == y.shape == (B, T)
-            assert (y[:, :-1] == x[:, 1:]).all() and (y[:, -1] == x[:, -1] + 1).all()  # next token, same shard
+            # next token, same shard
+            assert (y[:, :-1] == x[:, 1:]).all() and (y[:, -1] == x[:, -1] + 1).all()
             assert ((x[:, -1] - x[:, 0]) == T - 1).all()  # a window is contiguous in one shard
             epochs[i // steps] += x[:, 0].tolist()
     per_shard = [(n - 1) // T // (B * world) * B * world for n in SIZES]  # the rows that fill whole steps
@@ -343,7 +353,8 @@ def test_resume_with_another_batch_size_or_world_size(tmp_path, shuffle):
     stream(a, 7 * 4)  # 7 steps into the first shard
     state = json.loads(json.dumps(a[0].state_dict()))
     assert state == a[1].state_dict() and state["row"] == 28  # one position for every rank
-    n = (len(a[0].rows) - 28) // 12 * 12  # the rest of the shard, less a tail that is short of a step somewhere
+    # the rest of the shard, less a tail that is short of a step somewhere
+    n = (len(a[0].rows) - 28) // 12 * 12
     expected = stream(a, n)
     for B, world in ((3, 1), (1, 2)):
         b = [DataLoaderLite(B, 16, r, world, "train", root, shuffle=shuffle, seed=5) for r in range(world)]
@@ -372,9 +383,11 @@ def test_loader_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no val shards \(\*_val_\*.bin\)"):
         DataLoaderLite(1, 8, split="val", data_root=str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 4\*512\*2\+1"):
+    with pytest.raises(ValueError,
+                       match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 4\*512\*2\+1"):
         DataLoaderLite(4, 512, 0, 2, data_root=root)
-    for kw, match in [(dict(B=0, T=8), "B=0"), (dict(B=1, T=-1), "T=-1"), (dict(B=1, T=8, split="test"), "split"),
+    for kw, match in [(dict(B=0, T=8), "B=0"), (dict(B=1, T=-1), "T=-1"),
+                      (dict(B=1, T=8, split="test"), "split"),
                       (dict(B=1, T=8, process_rank=2, num_processes=2), "process_rank=2")]:
         with pytest.raises(ValueError, match=match):
             DataLoaderLite(data_root=root, **kw)

@@ -39,7 +39,8 @@ def setup(tmp_path_factory):
 
 def plain_val(model, data_root, world_size):
     """(val loss, val bpb) one token at a time: each rank's validation rows, each row through the model alone,
-    each target's loss from its own log-softmax; bytes from decoding each target token (<|endoftext|>: none)."""
+    each target's loss from its own log-softmax; bytes from decoding each target token (<|endoftext|>:
+    none)."""
     enc = get_encoding()
     nats = text_nats = tokens = text_bytes = 0.0
     for rank in range(world_size):
@@ -60,11 +61,12 @@ def plain_val(model, data_root, world_size):
 
 def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' batches)
-    equal a plain token-by-token computation; HellaSwag and samples run; nothing is trained or saved. The first
-    record says what ran the run."""
+    equal a plain token-by-token computation; HellaSwag and samples run; nothing is trained or saved. The
+    first record says what ran the run."""
     d, model, data = setup
     log = tmp_path / "log"
-    r = train(EVAL + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--data_root={d / 'shards'}", "--hellaswag=5",
+    r = train(EVAL + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--data_root={d / 'shards'}",
+                      "--hellaswag=5",
                     f"--hellaswag_data={data}", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
     recs = records(log)
     assert recs[0]["event"] == "start" and not any("loss" in rec for rec in recs) and not checkpoints(log)
@@ -72,7 +74,8 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     (hs,) = [rec for rec in recs if "hellaswag" in rec]
     assert val["step"] == hs["step"] == 0 and hs["hellaswag_n"] == 5 and any("samples" in rec for rec in recs)
     assert f"val loss {val['val_loss']:.4f} | val bpb {val['val_bpb']:.4f}" in r.stdout
-    tokens = load_shard(glob.glob(str(d / "shards" / "*val*.bin"))[0])[:2 * VAL_STEPS * B * T + 1]  # those used
+    # those used
+    tokens = load_shard(glob.glob(str(d / "shards" / "*val*.bin"))[0])[:2 * VAL_STEPS * B * T + 1]
     assert (tokens == EOT).sum() >= 3 and any(len(get_encoding().decode_single_token_bytes(t)) > 1 and
                                               not get_encoding().decode_single_token_bytes(t).isascii()
                                               for t in tokens)  # both cases occur
@@ -91,23 +94,27 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
 
 def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     """A checkpoint's weights give the plain computation's values (one process); an earlier evaluation's log
-    in the same log_dir is replaced. Without weights, or into a training run's log_dir: one line, no log_dir."""
+    in the same log_dir is replaced. Without weights, or into a training run's log_dir: one line, no
+    log_dir."""
     import train_gpt2
     d, model, _ = setup
     args = EVAL + [f"--data_root={d / 'shards'}", "--hellaswag=0", "--total_batch_size=32"]
     log = tmp_path / "ckpt"
     log.mkdir()
     (log / "metrics.jsonl").write_text('{"step": 0, "val_loss": 1.0}\n')  # an earlier evaluation's
-    train(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"], cwd=tmp_path)
+    train(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"],
+          cwd=tmp_path)
     recs = records(log)
     (val,) = [rec for rec in recs if "val_loss" in rec]
     assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")
     loss, bpb = plain_val(model, d / "shards", 1)
-    assert math.isclose(val["val_loss"], loss, rel_tol=1e-5) and math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
+    assert math.isclose(val["val_loss"], loss, rel_tol=1e-5)
+    assert math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
     with pytest.raises(SystemExit, match="--eval_only=True evaluates given weights: set --init_from"):
         train_gpt2.main(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"])
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "model_000002.pt").write_bytes(b"")
     with pytest.raises(SystemExit, match="holds a training run's checkpoints: .*--log_dir=NEW"):
-        train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'hf'}", f"--log_dir={tmp_path / 'train'}"])
+        train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'hf'}",
+                                f"--log_dir={tmp_path / 'train'}"])
     assert not os.path.exists(tmp_path / "x")  # refused before any log_dir is made

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-DEPENDENCIES = ("torch", "transformers", "datasets", "huggingface_hub", "tiktoken", "numpy", "tqdm", "safetensors",
+DEPENDENCIES = ("torch", "transformers", "datasets", "huggingface_hub", "tiktoken", "numpy", "tqdm",
+                "safetensors",
                 "matplotlib", "triton", "pyarrow")
 
 
@@ -40,7 +41,7 @@ def test_no_file_in_the_repo_root_is_a_module_a_dependency_imports():
                 for m in pattern.finditer(text):
                     hits.append(f"{os.path.relpath(path, os.path.dirname(folder))}: {m.group(0).strip()}")
     assert scanned > 1000  # torch alone has thousands of files: the scan really ran
-    assert not hits, "a dependency imports a module named like a file in the repo root:\n" + "\n".join(hits[:20])
+    assert not hits, "a dependency imports a module named like a file here:\n" + "\n".join(hits[:20])
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def no_triton(tmp_path_factory):
     """PYTHONPATH that makes `import triton` fail, as on the CPU wheel, Macs and Windows."""
     d = tmp_path_factory.mktemp("block")
     (d / "triton").mkdir()
-    (d / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed (blocked by the test)')\n")
+    (d / "triton" / "__init__.py").write_text("raise ImportError('triton is not installed (blocked by the "
+                                              "test)')\n")
     return {**os.environ, "PYTHONPATH": str(d)}
 
 
@@ -57,11 +59,13 @@ def test_hf_paths_from_the_repo_root_without_triton(tmp_path, no_triton):
     transformers = pytest.importorskip("transformers")
     import torch
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257,
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32,
+                                                              vocab_size=50257,
                                                               n_positions=64))
     hf.save_pretrained(tmp_path / "hf")
     r = subprocess.run([sys.executable, "sample.py", "--model", str(tmp_path / "hf"), "--num_samples", "1",
-                        "--max_new_tokens", "5", "--device", "cpu", "--prompt", "Hello"], cwd=ROOT, env=no_triton,
+                        "--max_new_tokens", "5", "--device", "cpu", "--prompt", "Hello"], cwd=ROOT,
+                        env=no_triton,
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("Hello") and "1 x 5 tokens" in r.stdout, r.stderr[-2000:]
     code = f"""

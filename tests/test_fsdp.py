@@ -22,7 +22,8 @@ TIMEOUT = 300  # seconds; these runs take ~15 s, a hang would take forever
 
 
 def torchrun(args, cwd, extra=(), env=None, check=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra, SCRIPT]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *extra,
+           SCRIPT]
     r = subprocess.run(cmd + args, cwd=cwd, env=env or ENV, capture_output=True, text=True, timeout=TIMEOUT)
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -32,7 +33,8 @@ def torchrun(args, cwd, extra=(), env=None, check=True):
 def args(text, data, log_dir):
     # run_args on 2 ranks x 2 micro-steps, validating the same rows as one process; 5 HellaSwag examples: 3 on
     # rank 0, 2 on rank 1, so rank 1 pads a batch
-    return run_args(text) + ["--hellaswag=5", f"--hellaswag_data={data}", "--val_steps=1", f"--log_dir={log_dir}"]
+    return run_args(text) + ["--hellaswag=5", f"--hellaswag_data={data}", "--val_steps=1",
+                             f"--log_dir={log_dir}"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,8 @@ def compare(log_a, log_b, steps=range(1, 9)):
 
 
 def test_ddp_matches_one_process(runs, reference):
-    """2 gloo ranks x 2 micro-steps vs 1 process x 4 micro-steps: the same data, updates and validation rows."""
+    """2 gloo ranks x 2 micro-steps vs 1 process x 4 micro-steps: the same data, updates and validation
+    rows."""
     d, _, out = runs
     ref_losses, ref_weights, ref_log = reference
     assert "4 x 32 x 2 processes x 2 accumulation steps" in out["ddp"].stdout
@@ -84,13 +87,14 @@ def test_fsdp_matches_ddp(runs):
     compare(d / "ddp", d / "fsdp")
     evals = {name: [{k: v for k, v in r.items() if k not in ("val_loss",)} for r in records(d / name)
                     if "hellaswag" in r or "samples" in r] for name in out}
-    assert evals["ddp"] == evals["fsdp"] and len(evals["ddp"]) == 4  # HellaSwag counts and sampled text, twice
+    # HellaSwag counts and sampled text, twice
+    assert evals["ddp"] == evals["fsdp"] and len(evals["ddp"]) == 4
     hs = [r for r in evals["fsdp"] if "hellaswag" in r]
     assert [r["hellaswag_n"] for r in hs] == [5, 5]  # the padding batch was not counted
     assert out["fsdp"].stdout.count("sample: ") == 8  # 4 samples, 2 evals, printed by rank 0 only
     vals = {name: [r["val_loss"] for r in records(d / name) if "val_loss" in r] for name in out}
     assert all(abs(a - b) <= 1e-5 * a for a, b in zip(vals["ddp"], vals["fsdp"]))
-    # the same file as DDP writes: full tensors, wte and lm_head stored once, optimizer state by parameter name
+    # the same file as DDP writes: full tensors, wte and lm_head stored once, optimizer state by name
     a, b = final_weights(d / "ddp"), final_weights(d / "fsdp")
     assert b["model"]["lm_head.weight"].data_ptr() == b["model"]["transformer.wte.weight"].data_ptr()
     assert os.path.getsize(checkpoints(d / "ddp")[-1]) == os.path.getsize(checkpoints(d / "fsdp")[-1])
@@ -98,31 +102,33 @@ def test_fsdp_matches_ddp(runs):
     assert "transformer.wte.weight" in b["optimizer"]["state"]
 
 
-@pytest.mark.parametrize("source, target", [("fsdp", "ddp"), ("ddp", "fsdp")])
-def test_checkpoint_resumes_under_the_other(runs, tmp_path, text, source, target):
-    """Step 6's checkpoint of one run continues under the other, and ends where that one's own run ended."""
+def test_fsdp_checkpoint_resumes_under_ddp(runs, tmp_path, text):
+    """Step 6's checkpoint of the FSDP run continues under DDP and ends where the DDP run ended. (The other
+    way round is the elastic restart below: the files are the same whoever wrote them, see the test above)."""
     d, data, _ = runs
     log = tmp_path / "log"
-    shutil.copytree(d / source, log)
+    shutil.copytree(d / "fsdp", log)
     for path in checkpoints(log):
         if not path.endswith("model_000006.pt"):
             os.remove(path)
-    r = torchrun(args(text, data, log) + (["--fsdp=True"] if target == "fsdp" else []), cwd=tmp_path)
+    r = torchrun(args(text, data, log), cwd=tmp_path)
     assert f"resuming from {log}/model_000006.pt" in r.stdout and "NOTE: fsdp changed" in r.stdout
-    compare(d / target, log)
+    compare(d / "ddp", log)
     assert loss_steps(log) == list(range(1, 9))
 
 
 def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
     """fp16 loss scaling over shards: an overflow in any rank's shard skips the step on every rank, as DDP."""
     base = TINY + [f"--data_root={text}", "--max_steps=3", "--eval_interval=3", "--checkpoint_interval=3",
-                   "--total_batch_size=512", "--dtype=fp16", "--loss_scale=1048576"]
+                   "--T=16", "--total_batch_size=256", "--dtype=fp16", "--loss_scale=1048576"]
     for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
         torchrun(base + [f"--log_dir={tmp_path / name}"] + extra, cwd=tmp_path)
-    recs = {name: [r for r in records(tmp_path / name) if "loss" in r and "event" not in r] for name in ("ddp", "fsdp")}
+    recs = {name: [r for r in records(tmp_path / name) if "loss" in r and "event" not in r]
+            for name in ("ddp", "fsdp")}
     assert [r["skipped"] for r in recs["ddp"]] == [r["skipped"] for r in recs["fsdp"]]
     assert any(r["skipped"] for r in recs["ddp"]) and not all(r["skipped"] for r in recs["ddp"])
-    for a, b in zip(recs["ddp"], recs["fsdp"]):  # (weights: 2 Adam steps from zero biases amplify fp16 rounding)
+    # (weights: 2 Adam steps from zero biases amplify fp16 rounding)
+    for a, b in zip(recs["ddp"], recs["fsdp"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a, b)
     assert final_weights(tmp_path / "fsdp")["scaler"] == final_weights(tmp_path / "ddp")["scaler"]
 
@@ -145,7 +151,8 @@ x = torch.randint(0, 50257, (2, 64))
 model(x, x)[1].backward()
 opt.step()
 params = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
-adamw = sum(t.to_local().numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
+adamw = sum(t.to_local().numel() * t.element_size()
+            for s in opt.state.values() for k, t in s.items() if k != "step")
 est = training_memory(config, 2, 64, "fp32", shards=dist.get_world_size())
 print(json.dumps({"rank": dist.get_rank(), "params": params, "adamw": adamw, "est_params": est["params"],
                   "est_adamw": est["adamw"], "full": 4 * model.num_params()}), flush=True)
@@ -190,10 +197,12 @@ def test_elastic_restart_after_kill_9(runs, tmp_path, text):
     both, they resume from the last checkpoint, and the run ends with the uninterrupted run's weights."""
     d, data, _ = runs
     log = tmp_path / "log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--max-restarts=2",
            SCRIPT] + args(text, data, log) + ["--fsdp=True"]
     env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see README: a stale store can hang the restart
-    agent = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    agent = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
     try:
         deadline = time.time() + TIMEOUT
         while time.time() < deadline and agent.poll() is None:

@@ -51,5 +51,6 @@ def test_bench_softmax_section_in_interpreter():
     for i, shape in ((1, "8 x 100"), (5, "3 x 1500")):
         assert lines[i].startswith(f"  {shape} (Triton vs torch.softmax: max |difference| ")
         assert float(lines[i].rsplit(" ", 1)[1].rstrip(")")) < 1e-6
-        assert [line.split(":")[0].strip() for line in lines[i + 1:i + 4]] == ["naive PyTorch", "torch.softmax",
+        assert [line.split(":")[0].strip() for line in lines[i + 1:i + 4]] == ["naive "
+                                                                               "PyTorch", "torch.softmax",
                                                                               "Triton fused"]

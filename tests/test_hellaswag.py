@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import hellaswag
-from conftest import ROOT, assert_one_line_error, hellaswag_example as example, save_model, script, write_jsonl
+from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
+from conftest import hellaswag_example as example
 from model import GPT, GPTConfig
 from tokenizer import get_encoding
 
@@ -53,7 +54,8 @@ def test_batched_equals_unbatched(model, batch_size):
     ref = hellaswag.evaluate_unbatched(model, examples, "cpu")
     got = hellaswag.evaluate(model, examples, "cpu", batch_size=batch_size)
     assert got["predictions"] == ref["predictions"]
-    assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"], ref["acc_norm"]) and got["n"] == 20
+    assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"],
+                                                       ref["acc_norm"]) and got["n"] == 20
     assert len({p[1] for p in ref["predictions"]}) > 1  # the model does not answer the same for everything
 
 
@@ -70,7 +72,8 @@ def test_ranks_split_examples_once(model, world_size):
 
 def test_labels_and_bad_examples(tmp_path):
     assert hellaswag.normalize({**example(0), "label": "2"}, "x")["label"] == 2  # the HF copy's str labels
-    for bad, match in [({**example(0), "label": "x"}, "integer label"), ({**example(0), "label": 4}, "label 0-3"),
+    for bad, match in [({**example(0), "label": "x"}, "integer "
+                                                      "label"), ({**example(0), "label": 4}, "label 0-3"),
                        ({**example(0), "endings": ["a", "b"]}, "4 strings"), ({"ctx": "c"}, "needs ctx")]:
         with pytest.raises(ValueError, match=match):
             hellaswag.normalize(bad, "where")
@@ -106,8 +109,10 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(hellaswag.load_examples(cache_dir=str(tmp_path))))
-               for _ in range(4)]
+
+    def load():
+        results.append(hellaswag.load_examples(cache_dir=str(tmp_path)))
+    threads = [threading.Thread(target=load) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -124,7 +129,8 @@ def test_cli_single_and_torchrun_gloo(model, tmp_path):
     line = re.compile(r"hellaswag: (\d+) examples, acc (\S+), acc_norm (\S+), \S+ examples/s")
     args = ["hellaswag.py", "--model", ckpt, "--data", data, "--device", "cpu", "--batch_size", "4"]
     outs = [subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True),
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + args,
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc_per_node=2"] + args,
                            cwd=ROOT, capture_output=True, text=True)]
     for out in outs:
         assert out.returncode == 0, out.stderr[-3000:]
@@ -144,7 +150,8 @@ def test_download_failure_names_the_way_out(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
 
     def offline(name, split):
-        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)\nmore detail")
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub (LocalEntryNotFoundError)\nmore "
+                              "detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(OSError) as e:
@@ -155,7 +162,8 @@ def test_download_failure_names_the_way_out(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "hellaswag_val.jsonl")
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED), reason="the real HellaSwag file lives in ../shared (developers only)")
+@pytest.mark.skipif(not os.path.exists(SHARED),
+                    reason="the real HellaSwag file lives in ../shared (developers only)")
 def test_real_validation_file():
     examples = hellaswag.load_examples(SHARED)
     assert len(examples) == 10042

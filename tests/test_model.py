@@ -61,11 +61,13 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
     muon_opt, adamw_opt = muon(m, weight_decay=0.1, adamw_lr=6e-4, muon_lr=0.02, device_type="cpu")
     (matrices,), (emb, rest) = [g["params"] for g in muon_opt.param_groups], adamw_opt.param_groups
     names = {id(p): n for n, p in m.named_parameters()}
-    assert len(matrices) == 48 and all(p.dim() == 2 and names[id(p)].startswith("transformer.h.") for p in matrices)
+    assert len(matrices) == 48 and all(p.dim() == 2 and names[id(p)].startswith("transformer.h.")
+                                       for p in matrices)
     assert sorted(names[id(p)] for p in emb["params"]) == ["transformer.wpe.weight", "transformer.wte.weight"]
     assert emb["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and len(rest["params"]) == 98
     grouped = [id(p) for p in matrices + emb["params"] + rest["params"]]
-    assert sorted(grouped) == sorted(names) and muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
+    assert sorted(grouped) == sorted(names)
+    assert muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3}])
@@ -107,7 +109,7 @@ def test_gradient_checkpointing_same_loss_and_grads():
         assert torch.allclose(g0[name], g1[name], rtol=0, atol=1e-7), name
 
 
-# ---------------------------------------------------------------------------------------------- MQA / GQA, KV-cache
+# ---------------------------------------------------------------------------------------- MQA / GQA, KV-cache
 
 def test_mqa_gqa_share_kv_heads():
     C, L, hs = 32, 2, 8
@@ -182,7 +184,7 @@ def test_sampling_is_seeded():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-# ---------------------------------------------------------------------------------------------- Hugging Face parity
+# ---------------------------------------------------------------------------------------- Hugging Face parity
 
 transformers = pytest.importorskip("transformers")
 
@@ -250,12 +252,12 @@ def test_import_export_need_no_transformers(tmp_path):
     block = tmp_path / "block" / "transformers"
     block.mkdir(parents=True)
     (block / "__init__.py").write_text("raise ImportError('transformers is blocked in this test')\n")
-    code = (f"import torch; from model import GPT, GPTConfig; torch.manual_seed(0)\n"
-            f"m = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()\n"
-            f"m.save_pretrained({str(tmp_path / 'out')!r}); b = GPT.from_pretrained({str(tmp_path / 'out')!r})\n"
-            f"x = torch.randint(0, 50257, (1, 16))\n"
-            f"assert torch.equal(m(x)[0][..., :50257], b.eval()(x)[0]) and b.config.vocab_size == 50257\n"
-            f"import sys; assert 'transformers' not in sys.modules; print('ok')")
+    code = ("import torch; from model import GPT, GPTConfig; torch.manual_seed(0)\nm = "
+            "GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, "
+            f"n_embd=32)).eval()\nm.save_pretrained({str(tmp_path / 'out')!r}); b = "
+            f"GPT.from_pretrained({str(tmp_path / 'out')!r})\nx = torch.randint(0, 50257, (1, 16))\nassert "
+            "torch.equal(m(x)[0][..., :50257], b.eval()(x)[0]) and b.config.vocab_size == 50257\nimport sys; "
+            "assert 'transformers' not in sys.modules; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(tmp_path / "block")})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
@@ -354,7 +356,8 @@ def test_activation_memory_estimate_with_checkpointing():
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, grad_checkpoint=True)
     m = build(c).train()
     x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
-    no_ckpt = [training_memory(GPTConfig(**{**c.__dict__, "grad_checkpoint": False, "n_layer": n}), 4, 64, "fp32")
+    no_ckpt = [training_memory(GPTConfig(**{**c.__dict__, "grad_checkpoint": False, "n_layer": n}), 4, 64,
+                               "fp32")
                for n in (1, 2)]
     one_layer = no_ckpt[1]["activations"] - no_ckpt[0]["activations"]
     # forward keeps only block inputs; the estimate adds the one block recomputed at a time in backward
@@ -396,7 +399,7 @@ def test_generate_errors():
         m.generate(idx, 1, top_k=0)
 
 
-# ---------------------------------------------------------------------------------------------- devices, precision
+# ----------------------------------------------------------------------------------------- devices, precision
 
 def test_pick_device_and_dtype(monkeypatch):
     from runtime import autocast, pick_device, resolve_dtype

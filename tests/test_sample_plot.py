@@ -37,7 +37,8 @@ def test_sample_cli(checkpoint, tmp_path):
     r = run_sample(*args)
     assert r.returncode == 0, r.stderr
     texts = r.stdout.split("-" * 80 + "\n")[:2]
-    assert all(t.startswith("To be, or not to be, that is the question") for t in texts)  # it learned the line
+    # it learned the line
+    assert all(t.startswith("To be, or not to be, that is the question") for t in texts)
     assert "2 x 12 tokens," in r.stdout and "tokens/s on cpu" in r.stdout
     (tmp_path / "prompt.txt").write_text("To be, or not", encoding="utf-8")
     r2 = run_sample(*[a if a != "To be, or not" else f"FILE:{tmp_path / 'prompt.txt'}" for a in args])
@@ -53,7 +54,8 @@ def test_sample_matches_generate_and_is_seeded(checkpoint):
     assert texts == [enc.decode(row.tolist()) for row in ref] and tok_s > 0
     assert sample.sample(model, "To be", 3, 10, 1.0, 50, 7, "cpu")[0] == texts
     assert sample.sample(model, "To be", 3, 10, 1.0, 50, 8, "cpu")[0] != texts
-    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, "cpu")[0][0]) > len("<|endoftext|>")  # empty prompt
+    # empty prompt
+    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, "cpu")[0][0]) > len("<|endoftext|>")
 
 
 def test_sample_errors(tmp_path):
@@ -82,7 +84,8 @@ def test_plot_resumed_and_live_log(tmp_path):
     log = tmp_path / "metrics.jsonl"
     write_log(log, recs, tail='{"step": 46, "lo')  # a live run is writing this line
     series = plot.load_metrics(str(log))
-    assert sorted(series["loss"]) == list(range(1, 46)) and series["loss"][35] == 5.0 and series["loss"][30] == 7.0
+    assert sorted(series["loss"]) == list(range(1, 46))
+    assert series["loss"][35] == 5.0 and series["loss"][30] == 7.0
     assert series["val_loss"] == {20: 8.0, 40: 6.0} and series["hellaswag"] == {20: 0.26, 40: 0.28}
     r = script("plot.py", "--log", str(log), "--logy")
     assert r.returncode == 0, r.stderr
@@ -94,11 +97,14 @@ def test_plot_resumed_and_live_log(tmp_path):
 def test_plot_against_a_baseline_and_settings_diff(tmp_path):
     """--baseline: an eval-only run's one evaluation is drawn as level lines (bpb too), and the settings that
     differ between the two runs' first records are printed, the log_dir aside."""
-    run = {"python": "3.11.7", "torch": "2.13.0", "devices": {"cpu": 1}, "git_commit": "abc", "git_dirty": False}
+    run = {"python": "3.11.7", "torch": "2.13.0", "devices": {"cpu": 1}, "git_commit": "abc",
+           "git_dirty": False}
     mine = [{"event": "start", "step": 0, "config": {"B": 8, "init_from": "scratch", "log_dir": "a"},
              "model_config": {"n_layer": 4}, "run": run}]
-    mine += [{"step": s, "loss": 10 - s * 0.1} for s in range(1, 11)] + [{"step": 10, "val_loss": 6.0, "val_bpb": 2.5}]
-    base = [{"event": "start", "step": 0, "config": {"B": 8, "init_from": "gpt2", "eval_only": True, "log_dir": "b"},
+    mine += [{"step": s, "loss": 10 - s * 0.1} for s in range(1, 11)]
+    mine += [{"step": 10, "val_loss": 6.0, "val_bpb": 2.5}]
+    base = [{"event": "start", "step": 0, "config": {"B": 8, "init_from": "gpt2", "eval_only": True,
+                                                     "log_dir": "b"},
              "model_config": {"n_layer": 12}, "run": {**run, "git_dirty": True}},
             {"step": 0, "val_loss": 3.3, "val_bpb": 1.1}, {"step": 0, "hellaswag": 0.29}]
     write_log(tmp_path / "mine.jsonl", mine)
