@@ -50,6 +50,17 @@ def reference(tmp_path_factory, text):
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
+MUON = ["--optimizer=muon", "--muon_lr=0.02"]
+
+
+@pytest.fixture(scope="session")
+def muon_reference(tmp_path_factory, text):
+    """run_args with Muon, uninterrupted in one process: its log_dir."""
+    d = tmp_path_factory.mktemp("muon")
+    train(run_args(text) + MUON + [f"--log_dir={d / 'log'}"], cwd=d)
+    return d / "log"
+
+
 def train(args, cwd, check=True, nproc=None, env=None, timeout=600):
     """train_gpt2.py with args (under torchrun with nproc gloo processes); env: more environment variables,
     and then stderr comes in stdout, in order (the recompile log among the step lines)."""
