@@ -355,8 +355,8 @@ def main():
         results = gpu_check.run_checks(args.device, args.hellaswag_data)
         failed = sum(not ok for _, ok, _ in results)
         lines = ["| check | result | detail |", "| --- | --- | --- |"]
-        lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |" for name, ok,
-                  detail in results]
+        lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |"
+                  for name, ok, detail in results]
         lines += ["", f"{len(results) - failed} of {len(results)} checks passed", ""]
         print("\n".join(lines), flush=True)
         report += lines

@@ -140,8 +140,8 @@ def save_run(cfg, rt, step, model, optimizers, scaler, loader):
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
         save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
                          "optimizer": optimizer_state, "step": step, "config": cfg,
-                         "world_size": rt.world_size,
-                         "dataloader": loader.state_dict(), "scaler": scaler.state_dict(),
+                         "world_size": rt.world_size, "dataloader": loader.state_dict(),
+                         "scaler": scaler.state_dict(),
                          "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
         for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
             os.remove(old)

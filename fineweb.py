@@ -78,8 +78,8 @@ def iter_documents(input_path, text_field):
         return iter_file(input_path, text_field)
     if any(os.path.exists(os.path.join(input_path, f)) for f in ("dataset_info.json", "dataset_dict.json")):
         return iter_saved_dataset(input_path, text_field)
-    files = sorted(p for p in glob.glob(os.path.join(input_path, "**", "*"),
-                                        recursive=True) if p.endswith(EXTENSIONS))
+    everything = glob.glob(os.path.join(input_path, "**", "*"), recursive=True)
+    files = sorted(p for p in everything if p.endswith(EXTENSIONS))
     if not files:
         raise ValueError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
                          f"datasets.save_to_disk folder")
@@ -254,8 +254,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", default=None,
-                        help="local .jsonl/.parquet/.txt file, a folder of them, or a "
-                        f"datasets.save_to_disk folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
+                        help="local .jsonl/.parquet/.txt file, a folder of them, or a datasets.save_to_disk "
+                        f"folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
     parser.add_argument("--out_dir", default="edu_fineweb10B", help="where the shards go")
     parser.add_argument("--text_field", default="text", help="the column holding each document's text")
     parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8),

@@ -66,9 +66,9 @@ def check_softmax():
         err = (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
         errors.append((f"{rows}x{cols} {str(dtype).removeprefix('torch.')}", err, tol))
     ok = ran and all(err <= tol for _, err, tol in errors)
+    found = ", ".join(f"{name} {err:.1e} (limit {tol:g})" for name, err, tol in errors)
     return ok, (f"kernel {'ran on the GPU' if ran else 'not seen on the GPU'}; max |difference| from "
-                "torch.softmax: "
-                + ", ".join(f"{name} {err:.1e} (limit {tol:g})" for name, err, tol in errors))
+                f"torch.softmax: {found}")
 
 
 def recompiles(output, marker):

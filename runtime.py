@@ -191,8 +191,7 @@ def git_state():
     outside a git checkout."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=os.path.dirname(os.path.abspath(__file__)),
-                              capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
+                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     try:
         return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):

@@ -50,9 +50,11 @@ def get_encoding(ranks_file=RANKS_FILE):
     )
 
 
+@functools.lru_cache(maxsize=None)  # 50k decodes: once per run, not at every evaluation
 def token_bytes(enc, vocab_size):
-    """[vocab_size] ints: each token's length in UTF-8 bytes of text, for bits per byte. Special tokens
-    (<|endoftext|>) and the ids past the vocabulary that padding adds count 0: they are no text."""
+    """vocab_size ints (a tuple: cached, so shared by every caller): each token's length in UTF-8 bytes of
+    text, for bits per byte. Special tokens (<|endoftext|>) and the ids past the vocabulary that padding adds
+    count 0: they are no text."""
     special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
     lengths = [0 if t in special else len(enc.decode_single_token_bytes(t)) for t in range(enc.n_vocab)]
-    return lengths + [0] * (vocab_size - enc.n_vocab)
+    return tuple(lengths) + (0,) * (vocab_size - enc.n_vocab)

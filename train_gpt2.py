@@ -288,8 +288,7 @@ def catch_stop_signals():
 
 
 def diverged(step, loss, norm, last_checkpoint, path):
-    """A non-finite loss or gradient norm: said, logged, and the run stops before the step's update (exit
-    1)."""
+    """A non-finite loss or gradient norm: said and logged; the run stops before the update (exit 1)."""
     print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step}: stopped before its "
            f"update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then rerun "
            f"to resume from the newest checkpoint that verifies")
