@@ -456,6 +456,7 @@ def main(argv):
 
 if __name__ == "__main__":
     status = main(sys.argv[1:])
-    if dist.is_initialized():
+    if dist.is_initialized():  # every rank returns at the same step: wait for all, then take gloo/NCCL down
+        dist.barrier()
         dist.destroy_process_group()
     sys.exit(status)
