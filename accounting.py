@@ -3,6 +3,7 @@
 train_gpt2.py logs MFU and its memory estimate; bench.py compares both with what it measures.
 """
 import dataclasses
+import re
 
 def count_params(config, non_embedding=False):
     """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
@@ -26,15 +27,27 @@ def flops_per_token(config, T=None):
     return 6 * count_params(config, non_embedding=True) + 12 * L * H * Q * T
 
 
-# dense bf16 tensor-core peaks (no sparsity), TFLOP/s; the most specific name is matched first
-PEAK_BF16_TFLOPS = {"H100 PCIe": 756, "H100 NVL": 835, "H100": 989, "H200": 989, "A100": 312}
+# Dense tensor-core peaks (no sparsity) from the vendors' datasheets, TFLOP/s: {name: (bf16, fp16)}, None
+# where bf16 is only emulated. GeForce cards: the rate with fp32 accumulation, which PyTorch's matmuls use
+# (half the advertised fp16-accumulate rate). A name matches as whole words; the most specific comes first.
+PEAK_TFLOPS = {
+    "H100 PCIe": (756, 756), "H100 NVL": (835, 835), "H100": (989, 989),  # H100 SXM: "H100 80GB HBM3"
+    "H200 NVL": (835, 835), "H200": (989, 989), "GH200": (989, 989), "A100": (312, 312),
+    "L40S": (362, 362), "L40": (181, 181), "L4": (121, 121), "A10": (125, 125),
+    "RTX 4090": (165, 165), "RTX 4060 Ti": (44, 44), "RTX 3090": (71, 71),  # GeForce
+    "V100-PCIE": (None, 112), "V100": (None, 125), "T4": (None, 65),  # no bf16 tensor cores: fp16 runs
+}
 
 
-def peak_flops(device_name):
-    """Dense bf16 peak FLOP/s for a CUDA device name (torch.cuda.get_device_name()), or None if unknown."""
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key in device_name:
-            return tflops * 1e12
+def peak_flops(device_name, dtype="bf16"):
+    """Dense peak FLOP/s of a CUDA device (its torch.cuda.get_device_name()) for the compute dtype, bf16 or
+    fp16; None for an unknown device, bf16 where it is emulated, and fp32 (TF32 peaks are not tabled)."""
+    if dtype not in ("bf16", "fp16"):
+        return None
+    for key, tflops in PEAK_TFLOPS.items():
+        if re.search(rf"(?<!\w){re.escape(key)}(?!\w)", device_name):
+            peak = tflops[dtype == "fp16"]
+            return None if peak is None else peak * 1e12
     return None
 
 
@@ -59,10 +72,12 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
     each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
     and one block's activations are live at a time in backward.
-    FSDP (shards ranks) keeps 1/shards of params, grads and adamw on each rank, and adds "gathered": the
-    full fp32 parameters and gradients of the units being computed (the root, wte = lm_head with wpe and ln_f,
-    stays gathered from forward to backward; two blocks at a time, one of them prefetched). The autocast
-    weight copies are made from gathered parameters and kept until backward: they are not sharded.
+    FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
+    (gradients are reduce-scattered every micro-step), and adds "gathered": the unsharded parameters and
+    gradients of the units being computed, 8 bytes a parameter (the fp32 root, wte = lm_head with wpe and
+    ln_f, stays gathered from forward to backward; two blocks at a time, one of them prefetched; under
+    autocast a block's parameters and gradients are gathered in the compute dtype and the gradients cast to
+    fp32 for the reduction: 2 + 2 + 4 bytes). Then the only autocast weight copy is lm_head's.
     Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
@@ -76,12 +91,13 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     one, two = (count_params(dataclasses.replace(config, n_layer=n)) for n in (1, 2))
     block = two - one  # parameters of one Block
     root = N - L * block  # wte (= lm_head), wpe, ln_f
+    matrices = N - config.block_size * C - (4 * L + 2) * C  # what autocast casts: all but wpe and LayerNorms
     parts = {
         "params": 4 * N / shards,
         "grads": 4 * N / shards,
         "adamw": 8 * N / shards,
         "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
-        "weight_copies": 0 if dtype == "fp32" else 2 * (N - config.block_size * C - (4 * L + 2) * C),
+        "weight_copies": 0 if dtype == "fp32" else 2 * (V * C if shards > 1 else matrices),
         "activations": B * T * (blocks + head),
     }
     parts["total"] = sum(parts.values())

@@ -6,20 +6,21 @@
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --gpu-check          # check what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
 
-Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +flash attention (SDPA
-instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is timed over full training
-steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and compiling) excluded, the GPU
-synchronised around each step, the median reported (a rung that runs out of memory says so). Then: where the
-last rung's step time goes (torch.profiler: cross-entropy, attention, optimizer, matmuls, the rest, idle),
-KV-cache generation vs full recomputation, accounting.py's memory estimate vs the measured peak, the largest
-micro-batch that fits, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory bandwidth,
-at two row lengths.
+Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
+flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
+timed over full training steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and
+compiling) excluded, the GPU synchronised around each step, the median reported (a rung that runs out of
+memory says so). Then: where the last rung's step time goes (torch.profiler: cross-entropy, attention,
+optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation, accounting.py's memory
+estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax kernel
+(fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
 
---gpu-check verifies, then reports (one file; exit status 1 if a check fails): flash attention is the kernel
-SDPA really runs (torch.profiler); the Triton softmax is compiled for the GPU and equals torch.softmax; a
-2-layer train_gpt2.py run under torchrun (1 process, NCCL) with torch.compile, gradient accumulation, inline
-val loss, HellaSwag, sampling and a checkpoint finishes without recompiling at every evaluation, with fused
-AdamW and TF32 matmuls on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under pytest.
+--gpu-check verifies, then reports (one file; exit status 1 if a check fails): SDPA really runs a fused
+attention kernel, flash, cuDNN or memory-efficient, not the math fallback (torch.profiler; named in the
+report); the Triton softmax is compiled for the GPU and equals torch.softmax; a 2-layer train_gpt2.py run
+under torchrun (1 process, NCCL) with torch.compile, gradient accumulation, inline val loss, HellaSwag,
+sampling and a checkpoint finishes without recompiling at every evaluation, with fused AdamW and TF32 matmuls
+on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under pytest.
 """
 import argparse
 import contextlib
@@ -44,7 +45,7 @@ RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the
 BASE = {"tf32": False, "bf16": False, "compile": False, "flash": False, "vocab_size": 50257, "fused": False}
 LABEL = {"fp32": "fp32, eager", "tf32": "+ TF32 matmuls", "bf16": "+ bf16 autocast",
          "compile": "+ torch.compile",
-         "flash": "+ flash attention", "vocab": "+ vocab 50304", "fused": "+ fused AdamW"}
+         "flash": "+ fused attention (SDPA)", "vocab": "+ vocab 50304", "fused": "+ fused AdamW"}
 PEAK_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "H200": 4.8e12,
                   "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12}  # bytes/s, most specific name first
 
@@ -324,7 +325,7 @@ def main():
                         help="write the profiled steps as a Chrome trace (JSON) here, "
                         "for chrome://tracing or ui.perfetto.dev")
     parser.add_argument("--gpu-check", action="store_true",
-                        help="verify flash attention, the Triton softmax, a compiled torchrun run with "
+                        help="verify fused attention, the Triton softmax, a compiled torchrun run with "
                         "evaluations, fused AdamW and TF32 first; then the ladder only (report: --out, "
                         "default gpu_check.md)")
     parser.add_argument("--hellaswag_data", default=None,

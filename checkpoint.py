@@ -127,7 +127,18 @@ def load_state(model, optimizers, ckpt, distributed):
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)
+    # load_state_dict also copies the saved param groups' kernel choice: a checkpoint of a CPU run would
+    # make a GPU's AdamW unfused. Keep this device's choice, with the step counts where its kernel reads them.
+    kernels = [[{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in opt.param_groups]
+               for opt in optimizers]
     set_optimizer_state_dict(model, optimizers, optim_state, options=options)
+    for opt, groups in zip(optimizers, kernels):
+        for group, kernel in zip(opt.param_groups, groups):
+            group.update(kernel)
+            for p in group["params"] if kernel.get("fused") or kernel.get("capturable") else []:
+                state = opt.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(p.device, torch.float32)
 
 
 def save_run(cfg, rt, step, model, optimizers, scaler, loader):

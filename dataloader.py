@@ -7,6 +7,7 @@ Shard file (.bin), llm.c's format so shards are interchangeable with it:
                           [4:6] that document's index (int64), [6] fingerprint of fineweb.py's arguments
     tokens  uint16 x n    GPT-2 token ids
 Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
+The loader also reads build-nanogpt's shards as they are: .npy files holding one uint16 array each.
 """
 import functools
 import glob
@@ -58,8 +59,8 @@ def read_header(path):
     except FileNotFoundError:
         raise FileNotFoundError(f"shard {path} does not exist") from None
     if head.startswith(b"\x93NUMPY"):
-        raise ValueError(f"{path} is a .npy file (build-nanogpt's shard format), not a token shard: "
-                         f"re-create the shards with `python fineweb.py`")
+        raise ValueError(f"{path} is a .npy file (build-nanogpt's shard format) named .bin: name it .npy, "
+                         f"the loader reads those")
     header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
     if header.size < HEADER_INTS or header[0] != MAGIC:
         raise ValueError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that "
@@ -76,7 +77,20 @@ def read_header(path):
 
 
 def load_shard(path):
-    """The tokens of a shard as a read-only, memory-mapped uint16 array (nothing is read until used)."""
+    """The tokens of a shard (.bin, or build-nanogpt's .npy) as a read-only, memory-mapped uint16 array:
+    nothing is read until used, nothing is converted."""
+    if path.endswith(".npy"):
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"shard {path} does not exist") from None
+        except (ValueError, OSError, EOFError) as e:  # not .npy, truncated, pickled objects
+            raise ValueError(f"{path} is not a readable .npy array ({e}): rerun the script that made it") \
+                from None
+        if tokens.dtype != np.uint16 or tokens.ndim != 1:
+            raise ValueError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}; a token shard is "
+                             "one uint16 array (as build-nanogpt's fineweb.py writes): re-create it")
+        return tokens
     n = int(read_header(path)[2])
     return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES, shape=(n,))
 
@@ -119,8 +133,8 @@ class DataLoaderLite:
     The position (epoch, shard, next row) is the same on every rank and does not depend on B or the number
     of processes: state_dict() / load_state_dict() resume exactly, also with another B or process count.
 
-    data_root is a directory of shards (*_{split}_*.bin) or a text file (e.g. input.txt), which is
-    tokenized in memory and split 90/10 into train / val.
+    data_root is a directory of shards (*_{split}_*.bin, or build-nanogpt's *_{split}_*.npy) or a text
+    file (e.g. input.txt), which is tokenized in memory and split 90/10 into train / val.
     """
 
     def __init__(self, B, T, process_rank=0, num_processes=1, split="train", data_root="edu_fineweb10B",
@@ -158,7 +172,14 @@ class DataLoaderLite:
             raise FileNotFoundError(f"data_root {data_root} does not exist: create shards with `python "
                                     f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
                                     "such as input.txt")
-        paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*.bin")))
+        found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
+                 + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
+        if found[".bin"] and found[".npy"]:
+            names = [os.path.basename(found[ext][0]) for ext in (".bin", ".npy")]
+            raise ValueError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
+                             "per folder; move one kind elsewhere")
+        ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
+        paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
         if not paths:
             raise FileNotFoundError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
                                     f"`python fineweb.py --out_dir {data_root}`")

@@ -2,6 +2,8 @@
 
     python fineweb.py                               # FineWeb-Edu sample-10BT: ~10B tokens, ~100 shards
     python fineweb.py --input data/ --out_dir mine  # local .jsonl / .parquet / .txt files, save_to_disk dir
+    python fineweb.py --pretokenized                # download the same 10B tokens already tokenized: minutes
+    python fineweb.py --pretokenized --shards 10    # the val shard and the first 10 train shards (1B tokens)
 
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
 output is deterministic. The token stream is cut into shards of --shard_size tokens (a document may span
@@ -9,6 +11,11 @@ two): shard 0 is the validation split ({prefix}_val_000000.bin), the rest train 
 ...); the last may be short. Each shard is written under a temporary name and renamed when complete. A rerun
 with the same arguments skips the complete shards (their headers record where in the document stream they
 end) and writes byte-identical files; a rerun with other arguments into the same folder is refused.
+
+--pretokenized downloads FineWeb-Edu 10B as modded-nanogpt's cached_finewebedu10B.py does: the Hugging Face
+dataset kjj0/finewebedu10B-gpt2, already tokenized with GPT-2's BPE in llm.c's shard layout (which the loader
+reads), 100M tokens a shard. It is another snapshot than tokenizing sample-10BT yourself, with another
+validation shard: compare runs on the same one.
 """
 import argparse
 import collections
@@ -16,6 +23,7 @@ import glob
 import itertools
 import json
 import os
+import shutil
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -25,6 +33,8 @@ import numpy as np
 from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_shard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
+PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
+PRETOKENIZED_TRAIN = 103  # its train shards: finewebedu_train_000001.bin ... _000103.bin
 EXTENSIONS = (".jsonl", ".parquet", ".txt")
 EMPTY = object()  # what next() gives for a corpus without documents
 
@@ -173,6 +183,13 @@ def complete_shards(out_dir, prefix, fingerprint):
     return headers
 
 
+def foreign_shards(out_dir, prefix):
+    """Shards in out_dir that another prefix (another source) wrote: the loader would mix them in."""
+    return sorted(p for split in ("train", "val") for ext in (".bin", ".npy")
+                  for p in glob.glob(os.path.join(out_dir, f"*_{split}_*{ext}"))
+                  if not os.path.basename(p).startswith(f"{prefix}_{split}_"))
+
+
 def make_out_dir(out_dir):
     """Create out_dir (or take the existing one) and prove it writable, before any tokenizing."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -188,9 +205,17 @@ def make_out_dir(out_dir):
                       f"--out_dir") from None
 
 
+def refuse_mixing(out_dir, prefix):
+    other = foreign_shards(out_dir, prefix) if os.path.isdir(out_dir) else []
+    if other:
+        raise ValueError(f"{out_dir} already holds other shards ({os.path.basename(other[0])}, ...), which "
+                         f"the loader would mix with these: choose another --out_dir")
+
+
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     if shard_size < 1:
         raise ValueError(f"--shard_size={shard_size} must be positive")
+    refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
     done = complete_shards(out_dir, prefix, fingerprint) if os.path.isdir(out_dir) else []
@@ -250,6 +275,64 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
           f"({prefix}_val_000000.bin + {index - 1} train) in {out_dir}")
 
 
+# ------------------------------------------------------------------------------------------------ download
+
+def download(out_dir, shards=PRETOKENIZED_TRAIN):
+    """The validation shard and the first `shards` train shards of PRETOKENIZED into out_dir. Each comes
+    through the Hugging Face cache (HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE apply; an interrupted download
+    resumes there), is checked (header and size) and only then linked into out_dir under its name (copied if
+    the cache is on another file system): a partial or damaged file never stands there. Complete shards in
+    out_dir are skipped without asking the Hub."""
+    if not 1 <= shards <= PRETOKENIZED_TRAIN:
+        raise ValueError(f"--shards={shards}: {PRETOKENIZED} has train shards 1 to {PRETOKENIZED_TRAIN}")
+    refuse_mixing(out_dir, PRETOKENIZED_PREFIX)
+    names = [os.path.basename(shard_name(out_dir, PRETOKENIZED_PREFIX, i)) for i in range(shards + 1)]
+    todo = [name for name in names if not whole(os.path.join(out_dir, name))]
+    print(f"fineweb: {len(names) - len(todo)} of {len(names)} shards of {PRETOKENIZED} already in {out_dir}")
+    if not todo:
+        return
+    make_out_dir(out_dir)
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise OSError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
+                      "requirements.txt)") from None
+    for i, name in enumerate(todo, 1):
+        print(f"fineweb: {name} ({i}/{len(todo)})", flush=True)
+        try:
+            cached = hf_hub_download(PRETOKENIZED, name, repo_type="dataset")
+        except Exception as e:  # offline, no such file, Hub outage: the same way out
+            from runtime import first_line  # here: fineweb.py needs no torch otherwise
+            raise OSError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
+                          f"internet, tokenize local files with --input instead") from None
+        if not whole(cached):
+            raise ValueError(f"the downloaded {name} is not a whole token shard (wrong header or size): "
+                             f"delete {os.path.realpath(cached)} (the Hugging Face cache's copy) and rerun")
+        place(cached, os.path.join(out_dir, name))
+    print(f"fineweb: {len(names)} shards ({names[0]} + {len(names) - 1} train) in {out_dir}")
+
+
+def whole(path):
+    """Whether path is a complete token shard."""
+    try:
+        read_header(path)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def place(src, dst):
+    """src at dst, atomically: a hard link (no second copy), or a copy where src is on another file system."""
+    tmp = dst + ".tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    try:
+        os.link(os.path.realpath(src), tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,8 +345,17 @@ if __name__ == "__main__":
                         help="tokens per shard")
     parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
+    parser.add_argument("--pretokenized", action="store_true",
+                        help=f"download {PRETOKENIZED} (already tokenized) instead of tokenizing")
+    parser.add_argument("--shards", type=int, default=PRETOKENIZED_TRAIN,
+                        help="--pretokenized: how many train shards of 100M tokens (default: all)")
     args = parser.parse_args()
+    if args.pretokenized and args.input:
+        parser.error("--pretokenized downloads tokens, --input tokenizes local files: choose one")
     try:  # expected mistakes (a missing or bad input, an unusable out_dir, no network) end in one line
-        main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
+        if args.pretokenized:
+            download(args.out_dir, args.shards)
+        else:
+            main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -1,4 +1,5 @@
-"""What we claim on an NVIDIA GPU, checked there: flash attention is the kernel SDPA runs, the Triton softmax
+"""What we claim on an NVIDIA GPU, checked there: SDPA runs a fused attention kernel (flash, cuDNN or
+memory-efficient, not the math fallback), the Triton softmax
 is compiled and correct, and a compiled train_gpt2.py run under torchrun (NCCL) with evaluations recompiles
 nothing at later evaluations and uses fused AdamW and TF32. `python bench.py --gpu-check` reports these checks
 and tests/test_gpu.py asserts them; on a CPU the flash check and the training run work too (the tests use
@@ -20,10 +21,25 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CHECK_MODEL = ["--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=128"]
 
 
-def check_flash(device):
-    """(ok, detail): the attention a training step under the device's autocast really runs, by torch.profiler.
-    SDPA must choose its flash-attention op (aten::_scaled_dot_product_flash_attention*) and, on a GPU, run
-    flash kernels."""
+# SDPA's fused backends by the aten op each runs (forward and backward). Which one SDPA picks depends on the
+# GPU and the versions: since torch 2.9 an H100 or B200 gets cuDNN's attention, most others flash attention.
+FUSED_ATTENTION = {"_scaled_dot_product_flash_attention": "flash",
+                   "_scaled_dot_product_cudnn_attention": "cuDNN",
+                   "_scaled_dot_product_efficient_attention": "memory-efficient",
+                   "_scaled_dot_product_fused_attention_overrideable": "the device's fused"}
+
+
+def attention_backends(ops):
+    """(ok, names): the SDPA backends that aten op names show ran; ok when all are fused kernels, none the
+    math fallback (it writes each head's T x T score matrix to memory)."""
+    names = sorted({name for op in ops for key, name in FUSED_ATTENTION.items() if key in op})
+    math = any("_scaled_dot_product_attention_math" in op for op in ops)
+    return bool(names) and not math, names + (["math"] if math else [])
+
+
+def check_attention(device):
+    """(ok, detail): the attention a training step under the device's autocast really runs, by torch.profiler:
+    a fused SDPA backend (flash, cuDNN or memory-efficient), not the math fallback; named in the detail."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
@@ -40,9 +56,9 @@ def check_flash(device):
     on_gpu = [e.name for e in events if e.device_type == DeviceType.CUDA]
     attention = [name for name in on_gpu if re.search(r"flash|fmha|attention|sdpa", name, re.I)]
     kernels = sorted({re.split(r"[<(]", name.removeprefix("void "))[0] for name in attention})
-    ok = any("_scaled_dot_product_flash_attention" in op for op in ops) and (
-        not cuda or any("flash" in k.lower() for k in kernels))
-    detail = f"SDPA ran {', '.join(ops) or 'no SDPA op'}"
+    ok, backends = attention_backends(ops)
+    ok = ok and (not cuda or bool(kernels))
+    detail = f"SDPA ran {' and '.join(backends) or 'no'} attention ({', '.join(ops) or 'no SDPA op'})"
     return ok, detail + (f"; kernels: {', '.join(kernels) or 'none'}" if cuda else "")
 
 
@@ -144,7 +160,7 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
 
 def run_checks(device, hellaswag_data=None):
     """Every check's (check, ok, detail), in the order of the report."""
-    results = [("flash attention", *check_flash(device))]
+    results = [("fused attention", *check_attention(device))]
     results.append(("Triton softmax", *check_softmax()) if device == "cuda" else
                    ("Triton softmax", True,
                     "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))

@@ -14,6 +14,7 @@ import json
 import os
 import time
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
@@ -23,8 +24,8 @@ from runtime import autocast, first_line, one_line_errors, pick_device
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
-BUCKET = 8  # rows are padded to a multiple of 8 tokens: 13% padding on HellaSwag, 18 lengths (torch.compile
-# turns the length dynamic at the second one, so it compiles twice, not per example)
+BUCKET = 8  # rows are padded to a multiple of 8 tokens: few lengths (torch.compile turns the length
+# dynamic at the second one, so it compiles twice, not per example)
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -47,11 +48,14 @@ def download(cache_dir):
     """The validation split as jsonl in cache_dir, downloaded once. Every process may call this at the same
     time (all DDP ranks do): an exclusive file lock lets the first download while the others wait, then
     they all read the finished file. The file is written under a temporary name and renamed when complete."""
-    import fcntl
+    try:
+        from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
+    except ImportError:
+        raise OSError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
+                      "pass a local copy of hellaswag_val.jsonl with --data") from None
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     os.makedirs(cache_dir, exist_ok=True)
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    with FileLock(path + ".lock"):  # released on exit, also if this process dies
         if not os.path.exists(path):
             print(f"hellaswag: downloading Rowan/hellaswag (validation) to {path}")
             try:
@@ -91,15 +95,16 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
 
 # ------------------------------------------------------------------------------------------------ scoring
 
+def encode(example, enc):
+    """(context tokens, [tokens of each ending]): GPT-2 tokens carry the space before a word, so an ending
+    is encoded as " " + ending."""
+    return enc.encode_ordinary(example["ctx"]), [enc.encode_ordinary(" " + e) for e in example["endings"]]
+
+
 def render(example, enc):
     """Token rows context + ending for the 4 endings, and masks marking each row's ending tokens."""
-    ctx = enc.encode_ordinary(example["ctx"])
-    rows, masks = [], []
-    for ending in example["endings"]:
-        end = enc.encode_ordinary(" " + ending)  # GPT-2 tokens carry the space before a word
-        rows.append(ctx + end)
-        masks.append([0] * len(ctx) + [1] * len(end))
-    return rows, masks
+    ctx, ends = encode(example, enc)
+    return [ctx + end for end in ends], [[0] * len(ctx) + [1] * len(end) for end in ends]
 
 
 def ending_losses(logits, tokens, mask):
@@ -112,43 +117,71 @@ def ending_losses(logits, tokens, mask):
     return total, total / keep.sum(1)
 
 
+def pack(example, enc):
+    """An example as one row: its context once, then its 4 endings, each at the positions it has after the
+    context. Returns (tokens, pos, group, scored): group is -1 for context tokens and j for ending j;
+    scored holds, for every ending token, (the row index of the token predicting it, the token, j)."""
+    ctx, ends = encode(example, enc)
+    tokens, pos, group, scored = list(ctx), list(range(len(ctx))), [-1] * len(ctx), []
+    for j, end in enumerate(ends):
+        for k, token in enumerate(end):
+            if k or ctx:  # the first ending token follows the context's last; a row's first token has none
+                scored.append((len(tokens) - 1 if k else len(ctx) - 1, token, j))
+            tokens.append(token)
+            pos.append(len(ctx) + k)
+            group.append(j)
+    return tokens, pos, group, np.array(scored, dtype=np.int64).reshape(-1, 3)
+
+
+def collate(packed, rows, device):
+    """A forward's inputs for packed examples, padded to `rows` rows of a multiple of BUCKET tokens:
+    tokens and pos (rows, L); attn_mask (rows, L, L): a token sees the earlier tokens of its context and of
+    its own ending (padding sees padding); select (N,): the flat positions whose next token is scored;
+    targets (N,); owner (N,): the ending (4 * example + j) each scored token belongs to."""
+    L = -(-max(len(p[0]) for p in packed) // BUCKET) * BUCKET
+    tokens, pos = torch.zeros(rows, L, dtype=torch.long), torch.zeros(rows, L, dtype=torch.long)
+    group = torch.full((rows, L), -2)
+    for b, (t, p, g, _) in enumerate(packed):
+        tokens[b, :len(t)], pos[b, :len(t)], group[b, :len(t)] = map(torch.tensor, (t, p, g))
+    keys, queries = group[:, None, :], group[:, :, None]
+    attn_mask = torch.ones(L, L, dtype=torch.bool).tril() & ((keys == -1) | (keys == queries))
+    scored = np.concatenate([s + [b * L, 0, 4 * b] for b, (_, _, _, s) in enumerate(packed)])
+    select, targets, owner = torch.from_numpy(scored).to(device).unbind(1)
+    return tokens.to(device), pos.to(device), attn_mask.to(device), select, targets, owner
+
+
 @torch.no_grad()
 def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progress=False, dtype="auto"):
-    """acc and acc_norm of model (a callable idx -> (logits, loss), compiled or not) on examples.
+    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on examples.
 
-    Rank r of world_size scores examples r, r + world_size, ...; with torch.distributed initialised the
-    counts are summed over ranks (one all-reduce at the end). Every rank runs the same number of forwards
-    (under FSDP each one is collective): a rank with fewer examples runs a padding batch it does not count.
-    Examples go batch_size at a time, sorted by length, padded to (4 * batch_size, multiple of 8 tokens).
+    Each example is one row: its context once, then its 4 endings, each seeing the context and itself
+    (pack), so the context goes through the model once, not 4 times; the head and the cross-entropy run at
+    the ending tokens only (select). batch_size examples a forward, sorted by length, padded to (batch_size,
+    multiple of 8 tokens). Rank r of world_size scores examples r, r + world_size, ...; with
+    torch.distributed initialised the counts are summed over ranks (one all-reduce at the end). Every rank
+    runs the same number of forwards (under FSDP each one is collective): a rank with fewer examples runs a
+    padding batch it does not count.
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
     enc = get_encoding()
-    mine = [(i, render(examples[i], enc), examples[i]["label"])
-            for i in range(rank, len(examples), world_size)]
-    mine.sort(key=lambda item: max(len(r) for r in item[1][0]))
+    mine = [(i, pack(examples[i], enc), examples[i]["label"]) for i in range(rank, len(examples), world_size)]
+    mine.sort(key=lambda item: len(item[1][0]))
+    pad = ([0] * BUCKET, [0] * BUCKET, [-2] * BUCKET, np.zeros((2, 3), dtype=np.int64))  # scores 2 tokens
     predictions = []
     counts = torch.zeros(3, dtype=torch.long, device=device)  # n, correct (sum), correct (mean)
     most = -(-len(examples) // world_size)  # examples of the rank with the most
     for start in tqdm(range(0, most, batch_size), desc="hellaswag", unit="batch", disable=not progress):
         batch = mine[start:start + batch_size]
-        if not batch:  # this rank is done, but another still runs a (collective) forward
-            with autocast(device, dtype):
-                model(torch.zeros(4 * batch_size, BUCKET, dtype=torch.long, device=device))
-            continue
-        longest = max(len(r) for _, (rows, _), _ in batch for r in rows)
-        T = -(-longest // BUCKET) * BUCKET
-        tokens = torch.zeros(4 * batch_size, T, dtype=torch.long)  # unused rows and tails are padding
-        mask = torch.zeros(4 * batch_size, T)
-        for b, (_, (rows, masks), _) in enumerate(batch):
-            for j in range(4):
-                tokens[4 * b + j, :len(rows[j])] = torch.tensor(rows[j])
-                mask[4 * b + j, :len(masks[j])] = torch.tensor(masks[j], dtype=torch.float)
-        tokens, mask = tokens.to(device), mask.to(device)
+        packed = [p for _, p, _ in batch] or [pad]
+        tokens, pos, attn_mask, select, targets, owner = collate(packed, batch_size, device)
         with autocast(device, dtype):
-            logits, _ = model(tokens)
-        total, mean = ending_losses(logits, tokens, mask)
+            logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
+        if not batch:  # this rank is done, but another still runs a (collective) forward
+            continue
         n = len(batch)
-        pred_sum = total[:4 * n].view(n, 4).argmin(1)  # padding rows (0 / 0 = nan) are left out
-        pred_mean = mean[:4 * n].view(n, 4).argmin(1)
+        losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (N,)
+        total = torch.zeros(4 * n, device=device).index_add_(0, owner, losses).view(n, 4)
+        mean = total / torch.bincount(owner, minlength=4 * n).view(n, 4)
+        pred_sum, pred_mean = total.argmin(1), mean.argmin(1)
         labels = torch.tensor([label for _, _, label in batch], device=device)
         counts += torch.stack([torch.tensor(n, device=device), (pred_sum == labels).sum(),
                                (pred_mean == labels).sum()])
@@ -190,11 +223,13 @@ def main():
                         "(default: download once into hellaswag_data/)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
-    parser.add_argument("--batch_size", type=int, default=16, help="examples per forward (4 rows each)")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help="examples per forward, a row each (default: 64 on a GPU; 8 on a CPU, where "
+                        "smaller batches stay in cache and run faster)")
     parser.add_argument("--unbatched", action="store_true",
                         help="one example per forward: the slow reference")
     args = parser.parse_args()
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch_size={args.batch_size} must be >= 1")
 
     from checkpoint import load_model
@@ -219,7 +254,8 @@ def main():
             parser.error("--unbatched runs in one process")
         result = evaluate_unbatched(model, examples, device, progress=True)
     else:
-        result = evaluate(model, examples, device, args.batch_size, rank, world_size, progress=rank == 0)
+        batch_size = args.batch_size or (64 if device.startswith("cuda") else 8)
+        result = evaluate(model, examples, device, batch_size, rank, world_size, progress=rank == 0)
     dt = time.time() - t0
     if rank == 0:
         print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "

@@ -94,7 +94,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, attn_mask=None):
         B, T, C = x.size()
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
@@ -103,6 +103,8 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
         mask, causal = None, True
+        if attn_mask is not None:  # sequences packed in a row: which tokens each token sees
+            mask, causal = attn_mask[:, None], False  # (B, 1, T, T)
         if cache is not None:
             pos = cache.pos
             k, v = cache.update(self.layer, k, v)  # (B, n_kv, pos+T, hs)
@@ -141,19 +143,33 @@ class MLP(nn.Module):
         return self.c_proj(self.gelu(self.c_fc(x)))
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm computing in its input's dtype: under FSDP's mixed precision a block's gain and bias are
+    gathered in bf16 while the residual stream stays fp32. (CUDA's autocast runs LayerNorm in fp32 anyway;
+    the CPU's does not, and its kernel refuses bf16 weights for an fp32 input.)"""
+
+    def forward(self, x):
+        dtype = x.dtype
+        return F.layer_norm(x, self.normalized_shape, self.weight.to(dtype), self.bias.to(dtype), self.eps)
+
+
 class Block(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, recompute=False, attn_mask=None):
+        if recompute:  # keep only x; run the block again in backward: activation memory for ~1/3 more compute
+            return checkpoint(self.residual, x, None, attn_mask, use_reentrant=False)
+        return self.residual(x, cache, attn_mask)
+
+    def residual(self, x, cache=None, attn_mask=None):
         # pre-LayerNorm: the residual stream itself is never normalised
-        x = x + self.attn(self.ln_1(x), cache)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        x = x + self.attn(self.ln_1(x), cache, attn_mask)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -164,7 +180,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd),
+            ln_f=LayerNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: one matrix embeds and un-embeds tokens
@@ -188,30 +204,57 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx, targets=None, cache=None, reduction="mean"):
+    def forward(self, idx, targets=None, cache=None, reduction="mean", pos=None, attn_mask=None,
+                select=None):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean cross-entropy
         (targets of -1 are ignored), or with reduction="none" each token's, (B*T,). With a KVCache, idx holds
-        only the tokens after those already cached."""
+        only the tokens after those already cached.
+        Several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) pass pos
+        (B, T), each token's position, and attn_mask (B, T, T), which tokens each token attends to. select
+        (N,) keeps only those flat positions (b * T + t) for the head: logits (N, vocab_size), targets
+        (N,)."""
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
             raise ValueError(f"sequence length {pos0 + T} exceeds block_size={self.config.block_size}: crop "
                              f"the input to the last {self.config.block_size} tokens or use a larger "
                              "block_size")
-        pos = torch.arange(pos0, pos0 + T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        if pos is None:
+            pos = torch.arange(pos0, pos0 + T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.embed(idx, pos)  # (B, T, C)
         recompute = self.config.grad_checkpoint and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x, cache)
+            x = block(x, cache, recompute, attn_mask)
         if cache is not None:
             cache.pos += T
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        return self.head(x, targets, reduction, select)
+
+    def embed(self, idx, pos):
+        """Token plus position embeddings of idx (B, T) at positions pos, (T,) or (B, T): (B, T, C)."""
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)
+
+    def head(self, x, targets=None, reduction="mean", select=None):
+        """The final LayerNorm, the logits (B, T, vocab_size), or (N, vocab_size) at the flat positions
+        select, and, given targets, the cross-entropy."""
+        if select is not None:
+            x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
                                    reduction=reduction)
         return logits, loss
+
+    def compile_regions(self):
+        """torch.compile this model in place, region by region: the embeddings, each block (its activation
+        checkpoint included) and the head with the loss. For FSDP: its hooks between the blocks break a
+        whole-model graph apart, and what Dynamo then compiles would depend on how it falls back (with the
+        head written inline in forward, the 50,304-way cross-entropy ran eager). The blocks share their
+        code, so they share one compiled graph."""
+        self.embed = torch.compile(self.embed)
+        for block in self.transformer.h:
+            block.forward = torch.compile(block.forward)
+        self.head = torch.compile(self.head)
 
     # ----------------------------------------------------------------------------------------------------
     # sampling

@@ -5,6 +5,7 @@ and bench.py use the device and precision parts.
 import collections
 import contextlib
 import dataclasses
+import datetime
 import os
 import platform
 import re
@@ -57,12 +58,20 @@ def pick_device(name="auto"):
     return name
 
 
+def native_bf16(device):
+    """Whether a CUDA GPU computes bf16 in its tensor cores: compute capability 8.0 and later (Ampere, Ada,
+    Hopper, ...), and AMD GPUs. Not torch.cuda.is_bf16_supported(): by default it also says yes where bf16 is
+    only emulated (V100, T4, RTX 20xx), many times slower and never compiled. Reads the device's properties:
+    no CUDA context is made."""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def resolve_dtype(dtype, device):
-    """The compute dtype: "auto" is bf16 on a CUDA GPU that has it (Ampere and later), fp16 with loss scaling
-    on one that has not (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
+    """The compute dtype: "auto" is bf16 on a CUDA GPU with native bf16 (native_bf16), fp16 with loss
+    scaling on one without (V100, T4, RTX 20xx), fp32 elsewhere (CPU, Apple); bf16, fp16 and fp32 as asked."""
     kind = torch.device(device).type
     if dtype == "auto":
-        return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if kind == "cuda" else "fp32"
+        return ("bf16" if native_bf16(device) else "fp16") if kind == "cuda" else "fp32"
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"--dtype={dtype!r}: use auto, bf16, fp16 or fp32")
     if dtype != "fp32" and not torch.amp.is_autocast_available(kind):
@@ -77,6 +86,13 @@ def autocast(device, dtype="auto"):
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type,
                           dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+
+
+def device_memory(device):
+    """A CUDA GPU's total memory in bytes; None for other devices (a CPU's is not checked)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 def synchronize(device):
@@ -131,9 +147,10 @@ class Runtime:
     world_size: int = 1
     distributed: bool = False  # launched by torchrun (also with one process): a process group, DDP or FSDP
     kind: str = "cpu"  # cuda, mps or cpu
-    dtype: str = "fp32"  # the compute dtype: bf16, fp16 (with loss scaling) or fp32
+    dtype: str = "fp32"  # the compute dtype: bf16, fp16 (with loss scaling) or fp32 (CUDA's auto: start())
     device: str = "cpu"  # cuda:<local rank> on GPUs, else kind
     compile: bool = False
+    memory: int = None  # bytes: the smallest GPU of all ranks (their B must be the same); None off CUDA
 
     @property
     def master(self):
@@ -148,8 +165,15 @@ def processes(device="auto", dtype="auto"):
                                     int(os.environ["WORLD_SIZE"])) if distributed else (0, 0, 1)
     with one_line_errors():
         kind = pick_device(device)
-        dtype = resolve_dtype(dtype, kind)
+        if not (kind == "cuda" and dtype == "auto"):  # CUDA's auto: decided on the rank's own GPU, in start()
+            dtype = resolve_dtype(dtype, kind)
     return Runtime(rank, local_rank, world_size, distributed, kind, dtype, kind)
+
+
+# How long a rank waits in a collective before the run is aborted (NCCL's default is 10 minutes): the other
+# ranks wait while rank 0 writes a checkpoint, and 1558M's (~19 GB with its AdamW states) takes minutes on
+# slow storage; 30 minutes is enough at 11 MB/s.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 def start(rt, compile):
@@ -157,12 +181,19 @@ def start(rt, compile):
     whether torch.compile is used: as asked, unless this device cannot (Apple GPUs; elsewhere the probe says)
     or another rank cannot. Returns the NOTEs to print."""
     if rt.distributed:
-        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo")
+        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
     if rt.kind == "cuda":
         rt.device = f"cuda:{rt.local_rank}"
         torch.cuda.set_device(rt.device)
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
     notes, rt.compile = [], compile
+    if rt.kind == "cuda":
+        rt.dtype = resolve_dtype(rt.dtype, rt.device)
+        if rt.dtype == "bf16" and not native_bf16(rt.device):
+            major, minor = torch.cuda.get_device_capability(rt.device)
+            notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
+                         f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto uses "
+                         f"fp16 here")
     if compile and rt.kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
         rt.compile = False
@@ -172,10 +203,12 @@ def start(rt, compile):
             notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
                          f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
             rt.compile = False
+    rt.memory = device_memory(rt.device)
     if rt.distributed:  # every rank runs the same way: compiled only if it works everywhere
         everywhere = [None] * rt.world_size
-        dist.all_gather_object(everywhere, rt.compile)
-        rt.compile = all(everywhere)
+        dist.all_gather_object(everywhere, (rt.compile, rt.memory))
+        rt.compile = all(ok for ok, _ in everywhere)
+        rt.memory = None if rt.memory is None else min(memory for _, memory in everywhere)
     return notes
 
 

@@ -12,6 +12,7 @@ on input.txt and says so. A rerun with the same log_dir continues from its lates
 import contextlib
 import dataclasses
 import difflib
+import importlib
 import json
 import math
 import os
@@ -151,9 +152,15 @@ def apply_fallbacks(cfg, overrides, use_cuda, world_size):
 
 def validate(cfg, rt):
     """Stop at the first setting that cannot work, in one line naming the fix, before any process group, model
-    or log_dir exists. Returns the gradient accumulation steps: micro-steps per optimizer step."""
+    or log_dir exists."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise SystemExit(f"error: --optimizer={cfg['optimizer']!r}: use adamw or muon")
+    if cfg["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
+        raise SystemExit(f"error: --optimizer=muon needs torch >= 2.9 (torch.optim.Muon), this is "
+                         f"{torch.__version__}: upgrade torch or use --optimizer=adamw")
+    if cfg["fsdp"] and not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
+        raise SystemExit(f"error: --fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is "
+                         f"{torch.__version__}: upgrade torch or drop --fsdp (DDP)")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
         raise SystemExit("error: --optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each "
                          "whole weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or "
@@ -179,7 +186,61 @@ def validate(cfg, rt):
         raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of "
                          f"B*T*world_size = {cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: "
                          f"change B, T or total_batch_size")
-    return cfg["total_batch_size"] // tokens_per_micro_step
+
+
+def micro_batches(cfg, rt):
+    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
+    first."""
+    rows = cfg["total_batch_size"] // (cfg["T"] * rt.world_size)  # rows of T tokens per process and step
+    return [b for b in range(rows, 0, -1) if rows % b == 0]
+
+
+def memory_estimate(cfg, rt, config, B):
+    """accounting.py's training memory per process in bytes at micro-batch B, for this run's dtype and
+    wrapping (FSDP shards over the ranks)."""
+    return training_memory(config, B, cfg["T"], rt.dtype, rt.world_size if cfg["fsdp"] else 1)["total"]
+
+
+def fit_memory(cfg, overrides, config, rt):
+    """(cfg, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
+    compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
+    (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
+    if rt.memory is None:  # not a CUDA GPU
+        return cfg, []
+    budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
+    need = {b: memory_estimate(cfg, rt, config, b) for b in micro_batches(cfg, rt)}
+    if need[cfg["B"]] <= budget:
+        return cfg, []
+    fits = next((b for b in need if b < cfg["B"] and need[b] <= budget), None)
+    said = (f"B={cfg['B']} needs an estimated {need[cfg['B']] / 2**30:.1f} GiB per process of the GPU's "
+            f"{rt.memory / 2**30:.1f} GiB")
+    if fits is None:
+        return cfg, [f"{said}, and no smaller B fits: expect to run out of memory (try "
+                     f"--grad_checkpoint=True, or --fsdp=True over more GPUs)"]
+    if "B" in overrides:
+        return cfg, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
+    return {**cfg, "B": fits}, [f"{said}: using B={fits}, the largest that fits (set --B to choose)"]
+
+
+@contextlib.contextmanager
+def out_of_memory_hint(cfg, rt, config):
+    """The GPU running out of memory in a step or an evaluation (also inside compiled code) ends the run in
+    one line naming the B to try, printed once; other errors pass through."""
+    try:
+        yield
+    except Exception as e:
+        chain = [e]
+        while (chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 16:  # compiled code wraps it
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        if not any(isinstance(x, torch.OutOfMemoryError) for x in chain):
+            raise
+        est = memory_estimate(cfg, rt, config, cfg["B"]) / 2**30
+        smaller = [b for b in micro_batches(cfg, rt) if b < cfg["B"]]
+        of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
+        fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
+               "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
+        raise SystemExit(f"error: out of memory at B={cfg['B']}, T={cfg['T']} (estimated {est:.1f} GiB per "
+                         f"process{of}): {fix}" if rt.master else 1) from None
 
 
 def build_model(cfg, resume):
@@ -213,22 +274,28 @@ def wrap_model(raw_model, cfg, rt):
 
     DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes
     inside torch.compile, so the graph is split at the buckets and each all-reduce overlaps the backward.
-    Evaluation runs each rank's own batches through the model without DDP. FSDP2: each Block, then the root
-    (wte = lm_head, wpe, ln_f: the tying survives) is sharded over the ranks, so each keeps 1/world of the
-    parameters, gradients and AdamW states; every rank must then run every forward, evaluation included.
-    grad_sync(last) is the context a micro-step runs in: gradients cross ranks only on the last one."""
-    maybe_compile = torch.compile if rt.compile else (lambda m: m)
+    Evaluation runs each rank's own batches through the model without DDP. grad_sync(last) is the context a
+    micro-step runs in: gradients cross ranks only on the last one.
+    FSDP2: each Block, then the root (wte = lm_head, wpe, ln_f: the tying survives) is sharded over the
+    ranks, so each keeps 1/world of the parameters, gradients and AdamW states; every rank must then run every
+    forward, evaluation included. Gradients are reduce-scattered at every micro-step: accumulating them
+    unsharded would hold a whole fp32 copy of them on every rank (1558M: 6.2 GB) to save communication that
+    overlaps the backward anyway. torch.compile goes region by region (GPT.compile_regions)."""
     if cfg["fsdp"]:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast
+        # would cast them anyway) and their gradients reduced in fp32. The root stays fp32, and so does the
+        # residual stream between the blocks (cast_forward_inputs=False), as under DDP.
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.dtype)
+        mixed = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None,
+                                     cast_forward_inputs=False)
         for block in raw_model.transformer.h:
-            fully_shard(block)
+            fully_shard(block, mp_policy=mixed)
         fully_shard(raw_model)  # in place: raw_model is now the sharded model
-        model = maybe_compile(raw_model)
-
-        def grad_sync(last):  # FSDP: a switch on the model rather than a context
-            raw_model.set_requires_gradient_sync(last)
-            return contextlib.nullcontext()
-        return model, model, grad_sync
+        if rt.compile:
+            raw_model.compile_regions()
+        return raw_model, raw_model, lambda last: contextlib.nullcontext()
+    maybe_compile = torch.compile if rt.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
         return (maybe_compile(ddp_model), maybe_compile(raw_model),
@@ -263,16 +330,17 @@ def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps,
     os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a refused run leaves no empty log_dir behind
     if cfg["eval_only"] and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
-    shards = rt.world_size if cfg["fsdp"] else 1
-    mem = training_memory(model.config, cfg["B"], cfg["T"], rt.dtype, shards)
+    mem = memory_estimate(cfg, rt, model.config, cfg["B"])
     print0(f"config: {json.dumps(cfg)}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
     print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
            f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
     print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} processes "
            f"x {grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
-           f"process {mem['total'] / 2**30:.1f} GiB"
-           + (f" (parameters, gradients and AdamW states sharded {shards} ways)" if cfg["fsdp"] else ""))
+           f"process {mem / 2**30:.1f} GiB"
+           + (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+              + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+              + ")" if cfg["fsdp"] else ""))
     log(path, {"event": "start", "step": step, "config": cfg,
                "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
                "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, optimizers)})
@@ -325,11 +393,12 @@ def validation_loss(model, loader, steps, rt):
 @torch.no_grad()
 def sample_texts(model, seed, rt, n=4, length=32):
     """n continuations of the same prompt. Every rank samples the same tokens (its own seeded generator, so
-    training's RNG is untouched). Decoding changes shapes every token: the uncompiled model, KV-cached."""
+    training's RNG is untouched). Decoding changes shapes every token: KV-cached and eager, also where the
+    model's regions are compiled (FSDP)."""
     enc = get_encoding()
     gen = torch.Generator(rt.device).manual_seed(seed)
     prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * n, device=rt.device)
-    with autocast(rt.device, rt.dtype):
+    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("force_eager"):
         out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
     return [enc.decode(row.tolist()) for row in out]
 
@@ -341,7 +410,7 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
     print0(f"step {step}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        per_forward = max(1, cfg["B"] * cfg["T"] // (4 * 192))  # 4 rows of <= 192 tokens: a micro-batch
+        per_forward = max(1, cfg["B"] * cfg["T"] // 384)  # rows of <= 336 tokens: about a micro-batch
         hs = hellaswag_eval(eval_model, examples, rt.device, per_forward, rt.rank, rt.world_size,
                             dtype=rt.dtype)
         print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
@@ -364,7 +433,7 @@ def main(argv):
     # -------------------------------------------------------------------------------------- processes, device
     rt = runtime.processes(cfg["device"], cfg["dtype"])
     cfg, notes = apply_fallbacks(cfg, overrides, rt.kind == "cuda", rt.world_size)
-    grad_accum_steps = validate(cfg, rt)
+    validate(cfg, rt)
     notes += runtime.start(rt, cfg["compile"])  # process group, this rank's GPU, TF32, whether compile works
     cfg["compile"] = rt.compile
     for note in notes:
@@ -377,6 +446,11 @@ def main(argv):
     # --------------------------------------------------------------------------------- model, data, optimizer
     torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
     raw_model = build_model(cfg, resume).to(rt.device)
+    cfg, more = fit_memory(cfg, overrides, raw_model.config, rt)  # a B the GPU holds, found before compiling
+    for note in more:
+        print0(f"NOTE: {note}")
+    notes += more
+    grad_accum_steps = cfg["total_batch_size"] // (cfg["B"] * cfg["T"] * rt.world_size)  # micro-steps a step
     train_loader, val_loader, examples = load_data(cfg, rt)
     train_model, eval_model, grad_sync = wrap_model(raw_model, cfg, rt)
     optimizers, peak_lrs = zip(*make_optimizers(raw_model, cfg, rt.kind))
@@ -391,66 +465,69 @@ def main(argv):
 
     # ---------------------------------------------------------------------------------------- training loop
     stop_signal = catch_stop_signals()
-    peak = peak_flops(torch.cuda.get_device_name(rt.device)) if rt.kind == "cuda" else None
+    peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
     train_model.train()
-    while step < cfg["max_steps"]:
-        t0 = time.time()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss_accum = torch.zeros((), device=rt.device)
-        for micro_step in range(grad_accum_steps):
-            x, y = train_loader.next_batch()
-            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with grad_sync(micro_step == grad_accum_steps - 1):  # gradients cross ranks after the last only
-                with autocast(rt.device, rt.dtype):
-                    _, loss = train_model(x, y)
-                loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
-                loss_accum += loss.detach()
-                scaler.scale(loss).backward()
-        stop = torch.tensor([float(stop_signal[0])], device=rt.device)
-        if rt.distributed:
-            dist.all_reduce(loss_accum)
-            loss_accum /= rt.world_size
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        for opt in optimizers:
-            scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: all shards
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
-        loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
-        # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips the update
-        # and lowers the scale), not a diverged run; a non-finite loss, or norm without fp16, stops it
-        skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
-        if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
-            return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
-        lr = get_lr(step, cfg)
-        for opt, peak_lr in zip(optimizers, peak_lrs):
-            for group in opt.param_groups:
-                group["lr"] = get_lr(step, cfg, peak_lr)
-        scale = scaler.get_scale() if scaler.is_enabled() else None
-        if not skipped:  # fp16 overflow: no optimizer steps (the scaler would skip only the one that saw it)
+    with out_of_memory_hint(cfg, rt, raw_model.config):  # one line naming a smaller B, no traceback per rank
+        while step < cfg["max_steps"]:
+            t0 = time.time()
             for opt in optimizers:
-                scaler.step(opt)
-        scaler.update()  # fp16: lowers the scale after an overflow
-        synchronize(rt.device)  # wait for the GPU before reading the clock
-        dt = time.time() - t0
-        step += 1
-        tok_s = cfg["total_batch_size"] / dt
-        util = mfu(raw_model.config, tok_s / rt.world_size, peak, cfg["T"])
-        print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm {norm_v:.4f} | "
-               f"{dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU " + ("n/a" if util is None else f"{util:.1%}")
-               + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
-        log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
-                      "tok_s": tok_s, "mfu": util}
-                     | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
-        last = step == cfg["max_steps"]
-        if step % cfg["eval_interval"] == 0 or last:
-            evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
-        if step % cfg["checkpoint_interval"] == 0 or last or stop:
-            last_checkpoint = save_run(cfg, rt, step, raw_model, optimizers, scaler, train_loader)
-        if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
-            print0(f"stopped by signal {stop} after step {step}; rerun the same command to resume")
-            return 128 + stop
+                opt.zero_grad(set_to_none=True)
+            loss_accum = torch.zeros((), device=rt.device)
+            for micro_step in range(grad_accum_steps):
+                x, y = train_loader.next_batch()
+                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                with grad_sync(micro_step == grad_accum_steps - 1):  # gradients cross ranks on the last only
+                    with autocast(rt.device, rt.dtype):
+                        _, loss = train_model(x, y)
+                    loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
+                    loss_accum += loss.detach()
+                    scaler.scale(loss).backward()
+            stop = torch.tensor([float(stop_signal[0])], device=rt.device)
+            if rt.distributed:
+                dist.all_reduce(loss_accum)
+                loss_accum /= rt.world_size
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+            for opt in optimizers:
+                scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
+            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: all ranks
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
+            loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
+            # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips
+            # the update and lowers the scale), not a diverged run; a non-finite loss (or norm without
+            # fp16) stops it
+            skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
+            if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+                return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
+            lr = get_lr(step, cfg)
+            for opt, peak_lr in zip(optimizers, peak_lrs):
+                for group in opt.param_groups:
+                    group["lr"] = get_lr(step, cfg, peak_lr)
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            if not skipped:  # fp16 overflow: no optimizer steps (the scaler skips only the one that saw it)
+                for opt in optimizers:
+                    scaler.step(opt)
+            scaler.update()  # fp16: lowers the scale after an overflow
+            synchronize(rt.device)  # wait for the GPU before reading the clock
+            dt = time.time() - t0
+            step += 1
+            tok_s = cfg["total_batch_size"] / dt
+            util = mfu(raw_model.config, tok_s / rt.world_size, peak, cfg["T"])
+            print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm {norm_v:.4f} "
+                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
+                   + ("n/a" if util is None else f"{util:.1%}")
+                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
+            log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
+                          "tok_s": tok_s, "mfu": util}
+                         | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
+            last = step == cfg["max_steps"]
+            if step % cfg["eval_interval"] == 0 or last:
+                evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
+            if step % cfg["checkpoint_interval"] == 0 or last or stop:
+                last_checkpoint = save_run(cfg, rt, step, raw_model, optimizers, scaler, train_loader)
+            if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
+                print0(f"stopped by signal {stop} after step {step}; rerun the same command to resume")
+                return 128 + stop
     return 0
 
 

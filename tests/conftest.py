@@ -1,10 +1,13 @@
 """Shared by the tests: the tiny training settings and text, running the entry points the way users do (from
 the repo root, in a fresh process, under torchrun where it matters), and reading what a run leaves behind."""
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -20,6 +23,11 @@ TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=
 # once: a loss differing in the 7th digit; the multi-threaded math library is the suspect, not proven), and
 # the exact-resume tests compare runs bit for bit.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Each test worker compiles into an inductor cache of its own, new for the session, which the processes it
+# starts share: not the user's (a run killed while compiling can leave a half-written kernel library there,
+# seen once in CI as "invalid ELF header"), and not another worker's.
+ENV["TORCHINDUCTOR_CACHE_DIR"] = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+atexit.register(shutil.rmtree, ENV["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",
         "Line one.\n\nLine two.\n"] + [f"Document number {i}: " + "the quick brown fox " * (i % 7 + 1)
                                        for i in range(60)]

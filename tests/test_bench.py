@@ -19,7 +19,7 @@ def test_bench_cpu_smoke(tmp_path):
     rows = re.findall(r"^\| (\+ [^|]+|fp32, eager) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]*x?) \|$",
                       report, re.M)
     assert [name for name, *_ in rows] == ["fp32, eager", "+ TF32 matmuls", "+ bf16 autocast",
-                                           "+ flash attention",
+                                           "+ fused attention (SDPA)",
                                            "+ vocab 50304", "+ fused AdamW"]
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
@@ -147,11 +147,20 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
 
 
 def test_gpu_check_parts_that_run_on_a_cpu():
-    """--gpu-check's flash check reads the op SDPA really ran from the profiler (on a CPU: its flash op too),
-    and the recompile count splits TORCH_LOGS output at a marker line."""
-    from gpu_check import check_flash, recompiles
-    ok, detail = check_flash("cpu")
-    assert ok and "aten::_scaled_dot_product_flash_attention_for_cpu" in detail, detail
+    """--gpu-check's attention check reads the ops SDPA really ran from the profiler (on a CPU: its flash op
+    too) and accepts any fused backend, as the ops of an H100 (cuDNN) or an older GPU show them, never the
+    math fallback; the recompile count splits TORCH_LOGS output at a marker line."""
+    from gpu_check import attention_backends, check_attention, recompiles
+    ok, detail = check_attention("cpu")
+    assert ok and "SDPA ran flash attention (aten::_scaled_dot_product_flash_attention_for_cpu" in detail, \
+        detail
+    op = "aten::_scaled_dot_product_{}"
+    for ops, want in [(["cudnn_attention", "cudnn_attention_backward"], (True, ["cuDNN"])),
+                      (["flash_attention", "flash_attention_backward"], (True, ["flash"])),
+                      (["efficient_attention", "efficient_attention_backward"], (True, ["memory-efficient"])),
+                      (["attention_math", "flash_attention_for_cpu"], (False, ["flash", "math"])),
+                      (["attention_math"], (False, ["math"])), ([], (False, []))]:
+        assert attention_backends([op.format(o) for o in ops]) == want, ops
     out = "\n".join(["V [0/1] [__recompiles] Recompiling function forward", "step 5: hellaswag acc_norm 0.25",
                      "V [0/2] [__recompiles] Recompiling function forward", "x Recompiling function f"])
     assert recompiles(out, "step 5: hellaswag") == (1, 2) and recompiles(out, "never") == (0, 3)

@@ -1,5 +1,6 @@
 """checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is
 used."""
+import copy
 import os
 
 import pytest
@@ -95,3 +96,39 @@ def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name):
     r = script(name, "--model", path, "--device", "cpu", *(["--data",
                                                             str(data)] if name == "hellaswag.py" else []))
     assert_one_line_error(r, f"checkpoint {path} is damaged: it cannot be read")
+
+
+@pytest.mark.parametrize("saved_fused, fused", [(False, True), (True, False)])
+def test_a_resumed_adamw_keeps_this_devices_kernel(saved_fused, fused):
+    """A checkpoint of an unfused AdamW (a CPU run) resumed where AdamW is fused (CUDA; fused AdamW runs on
+    the CPU too, so the test can): load_state_dict would copy fused=False back, and the run would step
+    unfused while its log says fused. The fresh optimizer's kernel is kept, its step counts go where that
+    kernel reads them, and its next step equals the saved run's."""
+    from checkpoint import gather_state, load_state
+    from optimizers import adamw
+
+    def make(fused_kernel):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+        return model, adamw(model.parameters(), 0.1, 1e-2, "cpu", fused=fused_kernel)
+
+    def step(model, opt):
+        x = torch.arange(32).view(2, 16) % 64
+        opt.zero_grad()
+        model(x, x)[1].backward()
+        opt.step()
+
+    model, opt = make(saved_fused)
+    for _ in range(2):
+        step(model, opt)
+    # on the CPU the gathered tensors are the optimizer's own; copied, as they are when read from a file
+    model_state, optim_state = copy.deepcopy(gather_state(model, [opt]))
+    resumed, resumed_opt = make(fused)
+    load_state(resumed, [resumed_opt], {"model": model_state, "optimizer": optim_state}, distributed=False)
+    assert all(bool(g["fused"]) == fused for g in resumed_opt.param_groups)
+    steps = [resumed_opt.state[p]["step"] for p in resumed.parameters()]
+    assert all(s.item() == 2 and s.dtype == torch.float32 for s in steps)
+    step(model, opt)
+    step(resumed, resumed_opt)
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7), name

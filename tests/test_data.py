@@ -12,7 +12,7 @@ import pytest
 import fineweb
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, tokenize_text_file,
                         write_shard)
-from conftest import DOCS, ROOT, assert_one_line_error
+from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, train
 from tokenizer import get_encoding
 
 
@@ -240,7 +240,7 @@ def test_bad_shard_files(tmp_path):
         "truncated.bin": (data[:-10], "truncated"),
         "garbage.bin": (b"hello world" * 200, "bad magic"),
         "short.bin": (b"\x00" * 10, "bad magic"),
-        "npy.bin": (b"\x93NUMPY" + b"\x00" * 2000, "build-nanogpt"),
+        "npy.bin": (b"\x93NUMPY" + b"\x00" * 2000, r"build-nanogpt's shard format\) named .bin: name it"),
         "v2.bin": (data[:4] + np.int32(2).tobytes() + data[8:], "version 2"),
         "int32.bin": (data[:HEADER_BYTES] + np.arange(100, dtype=np.int32).tobytes(), "not uint16"),
     }
@@ -308,6 +308,53 @@ def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
         assert epochs[0] != epochs[1]  # reshuffled each epoch
     else:
         assert epochs[0] == epochs[1]
+
+
+def npy_shards(tmp_path):
+    """toy_shards as build-nanogpt writes them: one np.save'd uint16 array per shard, no header."""
+    d = tmp_path / "npy"
+    d.mkdir()
+    for path in glob.glob(os.path.join(toy_shards(tmp_path), "*.bin")):
+        name = os.path.basename(path).replace("toy_", "edufineweb_").replace(".bin", ".npy")
+        np.save(d / name, np.asarray(load_shard(path)))
+    return str(d)
+
+
+def test_build_nanogpt_npy_shards_load_as_they_are(tmp_path):
+    """A folder of build-nanogpt's .npy shards gives the batches, shuffling and exact resume of the same
+    tokens as .bin shards: memory-mapped uint16, nothing copied to int64 up front."""
+    bins, npys = toy_shards(tmp_path), npy_shards(tmp_path)
+    tokens = load_shard(os.path.join(npys, "edufineweb_train_000002.npy"))
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16 and not tokens.flags.writeable
+    for shuffle in (False, True):
+        _, a = run_ranks(bins, 2, 16, 2, 150, shuffle=shuffle, seed=1)
+        loaders, b = run_ranks(npys, 2, 16, 2, 150, shuffle=shuffle, seed=1)
+        assert all((x1 == x2).all() and (y1 == y2).all() for s1, s2 in zip(a, b)
+                   for (x1, y1), (x2, y2) in zip(s1, s2))
+        resumed = DataLoaderLite(2, 16, 1, 2, "train", npys, shuffle=shuffle, seed=1)
+        resumed.load_state_dict(json.loads(json.dumps(loaders[1].state_dict())))
+        later = run_ranks(npys, 2, 16, 2, 151, shuffle=shuffle, seed=1)[1][-1][1]
+        assert all((u == v).all() for u, v in zip(resumed.next_batch(), later))
+    val = DataLoaderLite(1, 8, split="val", data_root=npys)
+    assert val.tokens_total == 700 and val.next_batch()[0][0, 0] == 60000
+
+
+def test_npy_shards_of_another_kind_are_one_line(tmp_path):
+    npys = npy_shards(tmp_path)
+    for array, match in [(np.arange(100, dtype=np.int32), r"holds a int32 array of shape \(100,\)"),
+                         (np.zeros((4, 25), dtype=np.uint16), r"holds a uint16 array of shape \(4, 25\)")]:
+        bad = os.path.join(npys, "edufineweb_train_000009.npy")
+        np.save(bad, array)
+        with pytest.raises(ValueError, match=match + ".*one uint16 array"):
+            DataLoaderLite(1, 8, data_root=npys)
+    with open(bad, "wb") as f:
+        f.write(b"\x93NUMPY" + b"\x00" * 50)  # truncated
+    with pytest.raises(ValueError, match="edufineweb_train_000009.npy is not a readable .npy array"):
+        DataLoaderLite(1, 8, data_root=npys)
+    os.remove(bad)
+    write_shard(shard_path(npys, "edufineweb", "train", 9), np.arange(100))
+    with pytest.raises(ValueError, match="holds both .bin and .npy shards .*one dataset per folder"):
+        DataLoaderLite(1, 8, data_root=npys)
 
 
 def test_unshuffled_batches_are_contiguous_slices(tmp_path):
@@ -398,3 +445,75 @@ def test_loader_errors(tmp_path):
     state = DataLoaderLite(2, 8, 0, 2, data_root=root).state_dict()
     with pytest.raises(ValueError, match="has T=8 but this loader has T=16"):
         DataLoaderLite(2, 16, 0, 1, data_root=root).load_state_dict(state)
+
+
+def test_train_gpt2_on_npy_shards_equals_bin_shards(tmp_path, text):
+    """train_gpt2.py trains on a folder of build-nanogpt .npy shards exactly as on the same tokens in .bin
+    shards: the same losses, step for step."""
+    tokens = tokenize_text_file(text)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "npy").mkdir()
+    for split, part in (("val", tokens[:3000]), ("train", tokens[3000:])):
+        write_shard(shard_path(tmp_path / "bin", "edufineweb", split, int(split == "train")), part)
+        np.save(tmp_path / "npy" / f"edufineweb_{split}_{int(split == 'train'):06d}.npy", part)
+    for kind in ("bin", "npy"):
+        train(TINY + [f"--data_root={tmp_path / kind}", "--max_steps=3", "--eval_interval=3",
+                      f"--log_dir={tmp_path / ('log_' + kind)}"], cwd=tmp_path)
+    assert losses(tmp_path / "log_npy") == losses(tmp_path / "log_bin")
+    assert sorted(losses(tmp_path / "log_npy")) == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------ --pretokenized download
+
+def hub_cache(tmp_path, shards):
+    """A Hugging Face cache holding shards {name: tokens} of fineweb.PRETOKENIZED, in the layout
+    huggingface_hub reads (refs/main names a snapshot; the files lie in it), so the real hf_hub_download
+    resolves them offline."""
+    repo = tmp_path / "hub" / ("datasets--" + fineweb.PRETOKENIZED.replace("/", "--"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    for name, tokens in shards.items():
+        write_shard(str(repo / "snapshots" / commit / name), tokens)
+    return tmp_path / "hub", repo / "snapshots" / commit
+
+
+def pretokenized(shards, out, env):
+    return subprocess.run([sys.executable, "fineweb.py", "--pretokenized", "--shards", str(shards),
+                           "--out_dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
+    """python fineweb.py --pretokenized --shards 2 with HF_HUB_OFFLINE=1: the real hf_hub_download finds the
+    val shard and 2 train shards in the cache and they land in out_dir, verified, where the loader reads
+    them; a rerun asks nothing of the Hub; a shard that is not there offline, and a damaged one, are one line
+    each and leave no file under the shard's name."""
+    names = ["finewebedu_val_000000.bin"] + [f"finewebedu_train_{i:06d}.bin" for i in (1, 2)]
+    cache, snapshot = hub_cache(tmp_path, {n: np.arange(2000) + 100 * i for i, n in enumerate(names)})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    out = tmp_path / "data"
+    r = pretokenized(2, out, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(os.listdir(out)) == sorted(names)
+    for i, name in enumerate(names):
+        assert np.array_equal(load_shard(str(out / name)), np.arange(2000) + 100 * i)
+    assert DataLoaderLite(4, 16, data_root=str(out)).tokens_total == 4000
+    assert all(os.stat(out / n).st_ino == os.stat(snapshot / n).st_ino for n in names)  # linked, not copied
+    for name in names:  # a rerun finds them complete: not even the cache is read
+        os.remove(snapshot / name)
+    r = pretokenized(2, out, env)
+    assert r.returncode == 0 and "3 of 3 shards of kjj0/finewebedu10B-gpt2 already in" in r.stdout, r.stderr
+    r = pretokenized(3, out, env)
+    assert_one_line_error(r, "could not download finewebedu_train_000003.bin from kjj0/finewebedu10B-gpt2 (",
+                          "without internet, tokenize local files with --input instead")
+    write_shard(str(snapshot / "finewebedu_train_000003.bin"), np.arange(500))
+    data = (snapshot / "finewebedu_train_000003.bin").read_bytes()
+    (snapshot / "finewebedu_train_000003.bin").write_bytes(data[:-100])  # truncated in the cache
+    r = pretokenized(3, out, env)
+    assert_one_line_error(r, "the downloaded finewebedu_train_000003.bin is not a whole token shard",
+                          "(the Hugging Face cache's copy) and rerun")
+    assert sorted(os.listdir(out)) == sorted(names)  # nothing under the damaged shard's name
+    write_shard(shard_path(out, "edufineweb", "train", 1), np.arange(100))  # tokenized here: another source
+    r = pretokenized(2, out, env)
+    assert_one_line_error(r, "already holds other shards (edufineweb_train_000001.bin, ...)")

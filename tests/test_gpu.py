@@ -8,8 +8,8 @@ import gpu_check
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def test_flash_attention_is_the_kernel_used():
-    ok, detail = gpu_check.check_flash("cuda")
+def test_a_fused_attention_kernel_is_used():
+    ok, detail = gpu_check.check_attention("cuda")
     assert ok, detail
 
 

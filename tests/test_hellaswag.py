@@ -48,6 +48,35 @@ def test_ending_losses_are_masked_cross_entropy():
     assert torch.allclose(mean, torch.stack([expected[0] / 3, expected[1]]))
 
 
+def test_a_packed_row_scores_each_ending_as_its_own_row(model):
+    """One row per example (the context once, then the 4 endings, each seeing the context and itself at the
+    positions it has after the context; the head at the ending tokens only) gives each ending the summed
+    cross-entropy its own row context + ending gives, also with an empty context (nothing predicts a row's
+    first token) and for examples of different lengths padded into one batch."""
+    enc = get_encoding()
+    examples = [hellaswag.normalize(example(i), "t") for i in (0, 7, 11)]
+    examples.append({**examples[0], "ctx": ""})
+    packed = [hellaswag.pack(ex, enc) for ex in examples]
+    for ex, (tokens, pos, group, scored) in zip(examples, packed):
+        ctx = enc.encode_ordinary(ex["ctx"])
+        assert tokens[:len(ctx)] == ctx and group.count(-1) == len(ctx)
+        assert len(scored) == len(tokens) - len(ctx) - (0 if ctx else 4)
+    tokens, pos, attn_mask, select, targets, owner = hellaswag.collate(packed, 6, "cpu")  # 2 padding rows
+    assert tokens.shape[0] == 6 and tokens.shape[1] % hellaswag.BUCKET == 0
+    logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)
+    assert logits.shape == (len(select), 50304)
+    losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    total = torch.zeros(4 * len(examples)).index_add_(0, owner, losses)
+    ref = []
+    for ex in examples:
+        rows, masks = hellaswag.render(ex, enc)
+        T = max(len(r) for r in rows)
+        row_tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows])
+        mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float)
+        ref.append(hellaswag.ending_losses(model(row_tokens)[0], row_tokens, mask)[0])
+    torch.testing.assert_close(total, torch.cat(ref), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_batched_equals_unbatched(model, batch_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
@@ -98,8 +127,12 @@ def test_save_to_disk_folder(tmp_path):
     assert got == [hellaswag.normalize(example(i), "t") for i in range(3)]
 
 
-def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch):
+@pytest.mark.parametrize("posix", [True, False])
+def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch, posix):
+    """The first caller downloads, the others wait for its file. posix=False hides fcntl, as on Windows."""
     datasets = pytest.importorskip("datasets")
+    if not posix:
+        monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` raises ImportError
     calls = []
 
     def fake_load_dataset(name, split):

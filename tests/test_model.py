@@ -1,3 +1,4 @@
+import datetime
 import math
 import os
 import shutil
@@ -297,10 +298,20 @@ def test_flops_and_mfu():
     c = GPTConfig(vocab_size=50304)
     assert flops_per_token(c) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 1024
     assert flops_per_token(c, T=512) == 6 * 123_689_472 + 12 * 12 * 12 * 64 * 512
-    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops("NVIDIA GeForce GTX 1080") is None
+    # names as torch.cuda.get_device_name() returns them: (bf16, fp16) TFLOP/s
+    for name, want in [("NVIDIA H100 80GB HBM3", (989, 989)), ("NVIDIA H100 PCIe", (756, 756)),
+                       ("NVIDIA H100 NVL", (835, 835)), ("NVIDIA H200", (989, 989)),
+                       ("NVIDIA GH200 480GB", (989, 989)), ("NVIDIA A100-SXM4-80GB", (312, 312)),
+                       ("NVIDIA A100 80GB PCIe", (312, 312)), ("NVIDIA L40S", (362, 362)),
+                       ("NVIDIA L40", (181, 181)), ("NVIDIA L4", (121, 121)), ("NVIDIA A10", (125, 125)),
+                       ("NVIDIA GeForce RTX 4090", (165, 165)), ("NVIDIA GeForce RTX 4060 Ti", (44, 44)),
+                       ("NVIDIA GeForce RTX 3090", (71, 71)), ("Tesla V100-SXM2-16GB", (None, 125)),
+                       ("Tesla V100-PCIE-32GB", (None, 112)), ("Tesla T4", (None, 65)),
+                       ("NVIDIA A10G", (None, None)), ("NVIDIA GeForce RTX 4060", (None, None)),
+                       ("NVIDIA GeForce GTX 1080", (None, None))]:
+        got = tuple(peak_flops(name, dtype) for dtype in ("bf16", "fp16"))
+        assert got == tuple(None if t is None else t * 1e12 for t in want), name
+    assert peak_flops("NVIDIA H100 80GB HBM3", "fp32") is None
     assert abs(mfu(c, 578_000, 989e12) - 0.4999) < 1e-3  # the 50% MFU target on one H100
     assert mfu(c, 578_000, None) is None
 
@@ -317,7 +328,10 @@ def test_memory_estimate_by_part():
     assert (f["params"], f["grads"], f["adamw"]) == (N / 2, N / 2, N)
     block, root = 7_087_872, 50304 * 768 + 1024 * 768 + 2 * 768  # one Block; wte, wpe, ln_f
     assert N == root + 12 * block and f["gathered"] == 2 * 4 * (root + 2 * block)
-    assert (f["weight_copies"], f["activations"]) == (m["weight_copies"], m["activations"])  # not sharded
+    assert f["activations"] == m["activations"]  # not sharded
+    # under FSDP the blocks' parameters are gathered in bf16: autocast copies only lm_head (= wte)
+    assert f["weight_copies"] == 2 * 50304 * 768
+    assert training_memory(c, 16, 1024, "fp32", shards=8)["weight_copies"] == 0
     assert training_memory(c, 16, 1024, "fp16") == m  # 2 bytes too
     with pytest.raises(ValueError, match="dtype='fp8'"):
         training_memory(c, 1, 1, "fp8")
@@ -413,9 +427,13 @@ def test_pick_device_and_dtype(monkeypatch):
     assert pick_device() == "mps" and pick_device("mps") == "mps" and resolve_dtype("auto", "mps") == "fp32"
     gpus["cuda"] = True
     assert pick_device() == "cuda"
-    for bf16, want in ((True, "bf16"), (False, "fp16")):  # Ampere and later; V100 / T4 / RTX 20xx
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
-        assert resolve_dtype("auto", "cuda:0") == want
+    # torch.cuda.is_bf16_supported() says yes on a T4 (emulation counts): the capability decides
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, want in (((9, 0), "bf16"), ((8, 6), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp16"),
+                             ((7, 0), "fp16"), ((6, 1), "fp16")):  # H100, RTX 30xx, A100; T4, V100, P100
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        assert resolve_dtype("auto", "cuda:0") == want, capability
     assert resolve_dtype("fp32", "cuda") == "fp32" and resolve_dtype("bf16", "cpu") == "bf16"
     with pytest.raises(ValueError, match="--device='tpu'"):
         pick_device("tpu")
@@ -427,3 +445,42 @@ def test_pick_device_and_dtype(monkeypatch):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast("cpu"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 9)])
+def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
+    """dtype=auto on CUDA is resolved in runtime.start() after set_device, from the capability of the rank's
+    own GPU (local rank 1 here: cuda:1), never from GPU 0; an explicit bf16 on a GPU without bf16 tensor
+    cores runs as asked, with a NOTE naming --dtype=auto."""
+    import runtime
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: calls.append(("capability", str(device))) or capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda precision: None)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime, "pick_device", lambda name: "cuda")
+    monkeypatch.setattr(runtime, "device_memory", lambda device: 80 * 2**30)
+    rt = runtime.processes("cuda", "auto")
+    assert rt.dtype == "auto" and calls == []  # nothing asked of any GPU before set_device
+    rt.distributed = False  # no process group in this test
+    assert runtime.start(rt, compile=False) == []
+    assert rt.device == "cuda:1" and rt.dtype == ("fp16" if capability < (8, 0) else "bf16")
+    assert calls[0] == ("set_device", "cuda:1") and set(calls[1:]) == {("capability", "cuda:1")}
+    groups = []
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append((a, k)))
+    monkeypatch.setattr(runtime.dist, "all_gather_object", lambda out, obj: out.__setitem__(slice(None),
+                                                                                             [obj] * 2))
+    rt = runtime.Runtime(local_rank=1, world_size=2, distributed=True, kind="cuda", dtype="bf16",
+                         device="cuda")
+    notes = runtime.start(rt, compile=False)
+    assert rt.dtype == "bf16"
+    # NCCL would abort the ranks waiting for a checkpoint after its default 10 minutes
+    assert groups == [(("nccl",), {"timeout": datetime.timedelta(minutes=30)})]
+    if capability < (8, 0):
+        assert len(notes) == 1 and "compute capability 7.5" in notes[0] and "--dtype=auto" in notes[0]
+    else:
+        assert notes == []
