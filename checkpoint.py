@@ -12,6 +12,8 @@ import glob
 import hashlib
 import json
 import os
+import socket
+import time
 
 import torch
 
@@ -79,14 +81,21 @@ def load_checkpoint(path):
 
 
 def newest_valid(log_dir, note=print):
-    """(path, contents) of the newest checkpoint in log_dir that verifies; each one skipped is named through
-    note() in one line; CheckpointError if none verifies."""
-    found = checkpoints(log_dir)
+    """(path, contents) of the newest checkpoint in log_dir that verifies. The damaged ones newer than it are
+    named through note() in one line each and renamed to *.damaged (kept for a person to inspect, no longer
+    counted among the checkpoints the run keeps); CheckpointError if none verifies (nothing renamed)."""
+    found, damaged = checkpoints(log_dir), []
     for path in reversed(found):
         try:
-            return path, load_checkpoint(path)
+            ckpt = load_checkpoint(path)
         except CheckpointError as e:
             note(f"NOTE: {e}: skipped")
+            damaged.append(path)
+            continue
+        for bad in damaged:
+            os.replace(bad, bad + ".damaged")
+            note(f"NOTE: moved {bad} aside to {os.path.basename(bad)}.damaged")
+        return path, ckpt
     raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above): restore "
                           "one, or start afresh with --log_dir=NEW")
 
@@ -158,6 +167,40 @@ def save_run(cfg, rt, step, model, optimizers, scaler, loader):
             os.remove(old)
         print0(f"checkpoint: {path}")
     return f"{name} (step {step})"
+
+
+# ------------------------------------------------------------------------------------------------ log_dir
+
+HELD = {}  # log_dir -> its lock, held until this process ends (the OS releases it however it ends)
+
+
+def hold_log_dir(log_dir, rt, create=False):
+    """Rank 0 locks log_dir for this run: a second run into it would resume from the first's live checkpoint
+    and both would write one log; it is refused in one line naming the first. Called before the resume (if
+    log_dir exists) and again when the run creates log_dir (create=True), so a refused run leaves no empty
+    log_dir behind and two runs starting together into a new one still meet. Every rank must call it."""
+    other = None
+    if rt.master and log_dir not in HELD and (create or os.path.isdir(log_dir)):
+        from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
+        os.makedirs(log_dir, exist_ok=True)
+        lock, owner = FileLock(os.path.join(log_dir, ".lock")), os.path.join(log_dir, ".owner")
+        try:
+            lock.acquire(timeout=0)
+            HELD[log_dir] = lock
+            with open(owner, "w") as f:
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
+        except Timeout:
+            try:
+                with open(owner) as f:
+                    other = f.read().strip()
+            except OSError:
+                pass
+            other = other or "another process"
+    if rt.distributed:
+        other = broadcast_object(other)
+    if other:
+        raise SystemExit(f"error: {log_dir} is in use by another run ({other}): wait for it to end or stop "
+                         f"it, or choose another --log_dir")
 
 
 # ------------------------------------------------------------------------------------------------ resume

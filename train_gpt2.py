@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
 from accounting import mfu, peak_flops, training_memory
-from checkpoint import find_resume, load_model, save_run
+from checkpoint import find_resume, hold_log_dir, load_model, save_run
 from dataloader import DataLoaderLite
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPTConfig
@@ -43,15 +43,15 @@ T = 1024  # sequence length
 block_size = 1024  # the model's maximum sequence length (position embeddings)
 vocab_size = 50304  # GPT-2's 50,257 tokens padded to a multiple of 128: faster matmuls, never sampled
 size = ""  # 124M, 350M, 774M or 1558M: sets n_layer, n_head, n_kv_head, n_embd and max_lr (--name=value wins)
-n_layer = 12
-n_head = 12
+n_layer = 12  # transformer blocks
+n_head = 12  # attention heads per block
 n_kv_head = 12  # key/value heads: n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
-n_embd = 768
+n_embd = 768  # width of the residual stream
 max_lr = 6e-4  # peak learning rate (GPT-3 small's)
 min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
 max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
-weight_decay = 0.1
+weight_decay = 0.1  # AdamW's, on matrices only (not biases, LayerNorms)
 optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: Muon for the blocks' matrices, AdamW for the rest
 muon_lr = 0.01  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
 grad_clip = 1.0  # global gradient-norm clipping
@@ -61,10 +61,10 @@ val_steps = 20  # micro-batches of validation loss per rank and eval
 hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
-keep_checkpoints = 2  # the newest K checkpoints are kept
-# scratch | resume (default when log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large,
+keep_checkpoints = 2  # the newest K checkpoints are kept (a damaged one is renamed *.damaged)
+# scratch | resume (default when log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large, gpt2-xl
+# (OpenAI's weights) | an HF GPT-2 folder | a model_*.pt: those weights, with a fresh optimizer
 init_from = "scratch"
-# gpt2-xl (OpenAI's weights) | an HF GPT-2 folder | a model_*.pt: those weights, with a fresh optimizer
 eval_only = False  # evaluate init_from's model (val loss, bpb, HellaSwag, samples) into log_dir; no training
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
 fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU
@@ -73,8 +73,8 @@ device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
 # auto: bf16 on GPUs that have it, else fp16 (loss scaling) on CUDA, else fp32; or bf16, fp16, fp32
 dtype = "auto"
 loss_scale = 65536.0  # fp16 only: the first loss scale (halved on overflow, doubled after 2000 clean steps)
-log_dir = "log"
-seed = 1337
+log_dir = "log"  # metrics.jsonl and checkpoints; a rerun into it resumes (one run at a time)
+seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items()
           if not k.startswith("_") and type(v) in (int, float, str, bool)}
@@ -85,22 +85,54 @@ SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, checkpoint_interval=300)
+    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, checkpoint_interval=300)
 CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
-    B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3, warmup_steps=20, max_steps=150,
-    eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50, compile=False)
+    total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
+    warmup_steps=20, max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50,
+    compile=False)
+
+
+KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+
+
+def settings_help():
+    """--help: each setting with its default and the comments beside or above it, read from the settings
+    block of this file (so it cannot drift from it)."""
+    with open(__file__, encoding="utf-8") as f:
+        block = f.read().split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]
+    lines, above = [], []
+    for line in block:
+        code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
+        if not code:
+            above.append(comment)
+            continue
+        name = code.split(" = ")[0]
+        lines.append(f"  --{name}={CONFIG[name]!r}".ljust(34) + " ".join(above + [comment]).strip())
+        above = []
+    return (f"{__doc__.strip()}\n\nSettings (--name=value or --name value; the defaults are the settings "
+            f"block at the top of train_gpt2.py):\n" + "\n".join(lines))
 
 
 def parse_overrides(argv, defaults):
-    """--name=value pairs, each checked against the settings' names and converted to its type."""
-    overrides = {}
-    for arg in argv:
-        if not arg.startswith("--") or "=" not in arg:
-            raise SystemExit(f"error: expected --name=value, got {arg!r}")
-        key, value = arg[2:].split("=", 1)
+    """--name=value (or --name value) pairs, each checked against the settings' names and converted to its
+    type; --help prints the settings and exits."""
+    overrides, argv = {}, list(argv)
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("-h", "--help"):
+            print(settings_help())
+            raise SystemExit(0)
+        if not arg.startswith("--") or arg == "--":
+            raise SystemExit(f"error: expected --name=value, got {arg!r} (python train_gpt2.py --help lists "
+                             f"the settings)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:  # --name value
+            if not argv or argv[0].startswith("--"):
+                raise SystemExit(f"error: --{key} needs a value: --{key}=VALUE")
+            value = argv.pop(0)
         if key not in defaults:
             close = difflib.get_close_matches(key, defaults, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
+            hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
             raise SystemExit(f"error: unknown setting {key!r}{hint}")
         kind = type(defaults[key])
         try:
@@ -115,7 +147,7 @@ def parse_overrides(argv, defaults):
             else:
                 overrides[key] = kind(value)
         except ValueError:
-            raise SystemExit(f"error: --{key}={value!r} is not a {kind.__name__} "
+            raise SystemExit(f"error: --{key}={value!r} is not {KINDS[kind]} "
                              f"(default: {defaults[key]!r})") from None
     return overrides
 
@@ -132,27 +164,34 @@ def apply_size(cfg, overrides):
     return {**cfg, **preset}, ({**overrides, **preset} if "size" in overrides else overrides)
 
 
-def apply_fallbacks(cfg, overrides, use_cuda, world_size):
-    """(cfg, notes): without shards at the shipped data_root, train on input.txt; without a GPU, a small
-    model. Both with settings to match, except those given on the command line; a step is 2 micro-batches."""
+def apply_fallbacks(cfg, overrides, rt):
+    """(cfg, notes): without shards at the shipped data_root, train on input.txt (a plain `python` run only:
+    under torchrun that is a mistake); without a GPU, a small model. Both with settings to match, except those
+    given on the command line. Their batch is a fixed number of tokens, whatever the number of processes (so
+    a resume may change it, as B): B is lowered where needed to keep it whole."""
     small, notes = {}, []
     if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+        if rt.distributed:
+            raise SystemExit(f"error: no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
+                             f"directory you run from): make them there with `python fineweb.py`, or pass "
+                             f"--data_root=PATH")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on "
                      f"input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
-    if not use_cuda:
-        notes.append("no CUDA device: training a small model with a small batch on the CPU (settings given "
-                     "on the command line are kept)")
+    if rt.kind != "cuda":
+        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training a small model")
+                     + " with a small batch on the CPU (settings given on the command line are kept)")
         small.update(CPU_CONFIG)
     cfg = {**cfg, **{k: v for k, v in small.items() if k not in overrides}}
-    if small and "total_batch_size" not in overrides:
-        cfg["total_batch_size"] = cfg["B"] * cfg["T"] * world_size * 2
+    if small and "B" not in overrides:
+        rows = cfg["total_batch_size"] // (cfg["T"] * rt.world_size)  # rows per process and step
+        cfg["B"] = max([b for b in range(1, cfg["B"] + 1) if rows % b == 0], default=cfg["B"])
     return cfg, notes
 
 
 def validate(cfg, rt):
     """Stop at the first setting that cannot work, in one line naming the fix, before any process group, model
-    or log_dir exists."""
+    or log_dir exists. Returns NOTEs on settings that work but are likely mistakes."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise SystemExit(f"error: --optimizer={cfg['optimizer']!r}: use adamw or muon")
     if cfg["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
@@ -171,6 +210,9 @@ def validate(cfg, rt):
     if cfg["fsdp"] and not rt.distributed:
         raise SystemExit("error: --fsdp=True shards the model over the processes torchrun starts: run it as "
                          "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
+    if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
+        raise SystemExit(f"error: --log_dir={cfg['log_dir']} is a file, not a directory: choose another "
+                         f"--log_dir")
     if not os.path.exists(cfg["data_root"]):
         raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python "
                          f"fineweb.py --out_dir {cfg['data_root']}` or point --data_root at a text file")
@@ -186,6 +228,10 @@ def validate(cfg, rt):
         raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of "
                          f"B*T*world_size = {cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: "
                          f"change B, T or total_batch_size")
+    if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
+        return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
+                f"reaches max_lr (lower --warmup_steps)"]
+    return []
 
 
 def micro_batches(cfg, rt):
@@ -327,7 +373,7 @@ def log(path, record):
 
 def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
     """Print what this run is and write its first record: the settings, the model, the environment."""
-    os.makedirs(cfg["log_dir"], exist_ok=True)  # only now: a refused run leaves no empty log_dir behind
+    hold_log_dir(cfg["log_dir"], rt, create=True)  # only now: a refused run leaves no empty log_dir behind
     if cfg["eval_only"] and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
     mem = memory_estimate(cfg, rt, model.config, cfg["B"])
@@ -347,11 +393,21 @@ def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps,
 
 
 def catch_stop_signals():
-    """A one-item list that SIGTERM or SIGINT (Ctrl-C) set to their number: the step in progress finishes, a
-    checkpoint is written, and the run exits with 128 + signal."""
+    """A one-item list that SIGTERM or SIGINT (Ctrl-C) set to their number, said at once: the step in progress
+    finishes, a checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second
+    signal stops the process at once, without a checkpoint."""
     received = [0]
+
+    def handler(signum, frame):
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if received[0]:
+            os._exit(128 + signum)  # now: no checkpoint, nothing flushed
+        received[0] = signum
+        if runtime.is_rank0():  # os.write: safe inside a signal handler, unlike print
+            os.write(sys.stdout.fileno(), f"\n{name}: stopping after this step with a checkpoint; {name} again "
+                                          f"stops now without one\n".encode())
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: received.__setitem__(0, signum))
+        signal.signal(sig, handler)
     return received
 
 
@@ -432,12 +488,13 @@ def main(argv):
 
     # -------------------------------------------------------------------------------------- processes, device
     rt = runtime.processes(cfg["device"], cfg["dtype"])
-    cfg, notes = apply_fallbacks(cfg, overrides, rt.kind == "cuda", rt.world_size)
-    validate(cfg, rt)
+    cfg, notes = apply_fallbacks(cfg, overrides, rt)
+    notes += validate(cfg, rt)
     notes += runtime.start(rt, cfg["compile"])  # process group, this rank's GPU, TF32, whether compile works
     cfg["compile"] = rt.compile
     for note in notes:
         print0(f"NOTE: {note}")
+    hold_log_dir(cfg["log_dir"], rt)  # one run at a time per log_dir
     metrics = os.path.join(cfg["log_dir"], "metrics.jsonl")
     cfg, resume = find_resume(cfg, overrides, rt, metrics)  # None, or the run in log_dir to continue
     if resume is not None and resume.finished:
@@ -521,18 +578,24 @@ def main(argv):
                           "tok_s": tok_s, "mfu": util}
                          | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
             last = step == cfg["max_steps"]
-            if step % cfg["eval_interval"] == 0 or last:
+            if (step % cfg["eval_interval"] == 0 and not stop) or last:  # a stop writes its checkpoint first
                 evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
             if step % cfg["checkpoint_interval"] == 0 or last or stop:
                 last_checkpoint = save_run(cfg, rt, step, raw_model, optimizers, scaler, train_loader)
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
-                print0(f"stopped by signal {stop} after step {step}; rerun the same command to resume")
+                print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
+                       f"resume")
                 return 128 + stop
     return 0
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as e:  # an expected mistake, the same on every rank: said once per node, not per rank
+        if isinstance(e.code, str) and os.environ.get("LOCAL_RANK", "0") != "0":
+            sys.exit(1)
+        raise
     if dist.is_initialized():  # every rank returns at the same step: wait for all, then take gloo/NCCL down
         dist.barrier()
         dist.destroy_process_group()

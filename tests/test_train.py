@@ -94,7 +94,8 @@ def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text
     code, out = start_and_signal(run_args(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, out  # 143: schedulers see the run did not finish
     stopped = max(losses(log))
-    assert f"stopped by signal 15 after step {stopped}" in out and stopped < 8
+    assert f"stopped by SIGTERM after step {stopped}" in out and stopped < 8
+    assert "SIGTERM: stopping after this step with a checkpoint; SIGTERM again stops now without one" in out
     *_, older, newest = checkpoints(log)
     assert os.path.basename(newest) == f"model_{stopped:06d}.pt"
     with open(newest, "r+b") as f:  # random bytes somewhere in the middle (tensor data, most likely)
@@ -102,6 +103,9 @@ def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text
         f.write(os.urandom(64))
     r = train(run_args(text) + [f"--log_dir={log}"], cwd=tmp_path)
     assert f"NOTE: checkpoint {newest} is damaged: " in r.stdout and f"resuming from {older}" in r.stdout
+    # moved aside, not counted among the 2 kept: rotation never deletes a good one for it
+    assert os.path.exists(newest + ".damaged") and f"moved {newest} aside" in r.stdout
+    assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000006.pt", "model_000008.pt"]
     assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
     w = final_weights(log)["model"]
     assert all(torch.equal(w[k], ref_weights[k]) for k in ref_weights)
@@ -111,6 +115,7 @@ def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text
     r = train(run_args(text) + [f"--log_dir={log}", "--max_steps=10"], cwd=tmp_path, check=False)
     assert_one_line_error(r, f"none of the 2 checkpoints in {log} verifies", "--log_dir=NEW")
     assert r.stdout.count("cannot be read") == 2 and "step    9" not in r.stdout
+    assert len(checkpoints(log)) == 2  # none verifies: none renamed, so a rerun does not start afresh
 
 
 def test_finished_run_and_changed_shape(tmp_path, text, reference):
@@ -242,27 +247,36 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
 
 @pytest.mark.parametrize("use_cuda, world_size", [(True, 1), (True, 8), (False, 1), (False, 2)])
 def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_size):
-    """No shards (and maybe no GPU): the settings chosen must make a valid run on input.txt."""
+    """No shards (and maybe no GPU): the settings chosen make a valid run on input.txt, with a batch of the
+    same number of tokens whatever the number of processes (B is lowered to keep it whole), so a resume may
+    change B or the number of processes. Under torchrun, missing shards are a mistake, not a demo."""
     from dataloader import DataLoaderLite
+    from runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
-    cfg, notes = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, use_cuda, world_size)
+    rt = Runtime(world_size=world_size, kind="cuda" if use_cuda else "cpu")
+    cfg, notes = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
     assert cfg["data_root"] == train_gpt2.SHAKESPEARE and len(notes) == 1 + (not use_cuda)
+    assert cfg["total_batch_size"] == (4096 if use_cuda else 2048)
     assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
     for split in ("train", "val"):  # raises if a split is shorter than one step
         DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
-    kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, use_cuda, world_size)
-    # the command line wins
-    assert kept["B"] == 2 and kept["total_batch_size"] == 2 * kept["T"] * world_size * 2
+    kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, rt)
+    assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
+    rt.distributed = True
+    with pytest.raises(SystemExit, match=rf"no shards in {tmp_path / 'edu_fineweb10B'} \(data_root is relative "
+                                         r"to the directory you run from\): make them there with `python fineweb"):
+        train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
 
 
 def test_size_presets():
+    from runtime import Runtime
     cfg, overrides = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
                                            {"size": "350M", "n_layer": 4})
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
     assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
     # chosen on the command line: the CPU fallback keeps the preset's shape
     assert overrides["n_embd"] == 1024
-    cpu, _ = train_gpt2.apply_fallbacks(cfg, overrides, use_cuda=False, world_size=1)
+    cpu, _ = train_gpt2.apply_fallbacks(cfg, overrides, Runtime())
     assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
         cfg, _ = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": size}, {"size": size})
@@ -284,15 +298,31 @@ def test_lr_schedule():
     assert all(train_gpt2.get_lr(s, cfg) >= train_gpt2.get_lr(s + 1, cfg) for s in range(10, 120))
 
 
+def test_help_lists_every_setting_from_the_settings_block():
+    """python train_gpt2.py --help: every setting with its default and its comment, read from the settings
+    block itself, exit 0."""
+    r = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    listed = {line.split("=")[0].strip()[2:]: line for line in r.stdout.splitlines() if line.startswith("  --")}
+    assert list(listed) == list(train_gpt2.CONFIG)
+    with open(SCRIPT) as f:
+        source = f.read()
+    for name, line in listed.items():
+        default, _, comment = line.partition("=")[2].partition(" ")
+        assert default == repr(train_gpt2.CONFIG[name]) and comment.strip(), line
+        assert comment.split()[0] in source.split(f"\n{name} = ")[0].rsplit("\n\n", 1)[-1] + \
+            source.split(f"\n{name} = ")[1].split("\n")[0], line
+
+
 def test_overrides_are_checked():
     cfg = train_gpt2.CONFIG
-    got = train_gpt2.parse_overrides(["--B=8", "--max_lr=1e-3", "--compile=false",
-                                      "--total_batch_size=5.24288e5",
-                                      "--log_dir=x"], cfg)
+    got = train_gpt2.parse_overrides(["--B=8", "--max_lr", "1e-3", "--compile=false",
+                                      "--total_batch_size=5.24288e5", "--log_dir", "x"], cfg)
     assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
     for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
-                        (["--B=eight"], "--B='eight' is not a int"), (["--B=2.5"], "is not a int"),
-                        (["--compile=maybe"], "not a bool"), (["B=3"], "expected --name=value")]:
+                        (["--B=eight"], "--B='eight' is not a whole number"), (["--B=2.5"], "is not a whole"),
+                        (["--compile=maybe"], "is not True or False"), (["B=3"], "expected --name=value"),
+                        (["--B", "--T=3"], "--B needs a value: --B=VALUE")]:
         with pytest.raises(SystemExit, match=match):
             train_gpt2.parse_overrides(argv, cfg)
 
@@ -384,3 +414,38 @@ def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, tex
     msg = str(e.value)
     assert msg.startswith("error: out of memory at B=4, T=32 (estimated ") and "\n" not in msg, msg
     assert msg.endswith("GiB per process): try --B=2 (gradient accumulation keeps total_batch_size)"), msg
+
+
+def test_one_run_per_log_dir(tmp_path, text):
+    """A second run into the log_dir of a live one is refused in one line naming the first (it would resume
+    from the first's live checkpoint and both would write one log). Ctrl-C is acknowledged at once; a second
+    signal right after it stops the process now, without a checkpoint, and the lock goes with the process.
+    A --log_dir that is a file is one line too."""
+    from filelock import FileLock
+    log = str(tmp_path / "log")
+    args = TINY + [f"--data_root={text}", "--max_steps=100000", "--checkpoint_interval=100000",
+                   f"--log_dir={log}"]
+    with open(tmp_path / "out.txt", "w") as out:
+        first = subprocess.Popen([sys.executable, SCRIPT] + args, cwd=tmp_path, env=ENV, stdout=out,
+                                 stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(log, "metrics.jsonl")) and time.time() < deadline:
+            time.sleep(0.05)
+        second = train(args, cwd=tmp_path, check=False)
+        assert_one_line_error(second, f"error: {log} is in use by another run (pid {first.pid} on ",
+                              "choose another --log_dir")
+        assert first.poll() is None  # untouched, still training
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        first.kill()
+        first.wait()
+    said = (tmp_path / "out.txt").read_text()
+    assert "Ctrl-C: stopping after this step with a checkpoint; Ctrl-C again stops now without one" in said
+    assert "checkpoint:" not in said and "stopped by" not in said and checkpoints(log) == []
+    FileLock(os.path.join(log, ".lock")).acquire(timeout=0)  # released by the OS with the process
+    (tmp_path / "afile").write_text("")
+    r = train(TINY + [f"--data_root={text}", f"--log_dir={tmp_path / 'afile'}"], cwd=tmp_path, check=False)
+    assert_one_line_error(r, "is a file, not a directory: choose another --log_dir")
