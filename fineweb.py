@@ -42,9 +42,11 @@ EMPTY = object()  # what next() gives for a corpus without documents
 # ------------------------------------------------------------------------------------------------ reading
 
 def iter_file(path, text_field):
-    if path.endswith(".txt"):  # a plain text file is one document
+    if path.endswith(".txt"):  # a plain text file is one document; an empty one is none
         with open(path, encoding="utf-8") as f:
-            yield f.read()
+            text = f.read()
+        if text:
+            yield text
     elif path.endswith(".jsonl"):
         for where, row in iter_jsonl(path):
             yield field(row, text_field, where)
@@ -250,8 +252,11 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
     bar = tqdm(unit="tok", unit_scale=True, desc="tokenizing")
     buf = np.empty(shard_size, dtype=np.uint16)
     fill, index, doc, total, t0 = 0, len(done), next_doc, 0, time.time()
+    doc_ends = []  # where each document ends in buf while nothing is written (a corpus that fits in a shard)
     for tokens, lengths in encode_batches(docs, workers):
         ends = np.cumsum(lengths)  # end of each document within `tokens`
+        if index == 0:
+            doc_ends.extend((fill + ends).tolist())
         pos = skip_tokens  # first token of this batch not yet written
         skip_tokens = 0
         while pos < len(tokens):
@@ -267,6 +272,14 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
         total += len(tokens)
         bar.update(len(tokens))
     bar.close()
+    if index == 0:  # the whole corpus fits in one shard: 10% of it validates, the rest trains (not 0 shards)
+        if fill < 2:
+            raise ValueError(f"the corpus is {fill} token: too small to split into validation and training")
+        cut = max(1, fill // 10)
+        i = int(np.searchsorted(doc_ends, cut, side="right"))  # the document holding token `cut`
+        offset = cut - (doc_ends[i - 1] if i else 0)
+        write_shard(shard_name(out_dir, prefix, 0), buf[:cut], next_doc + i, offset, fingerprint)
+        buf, fill, index = buf[cut:fill], fill - cut, 1
     if fill:  # the last, short shard
         write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprint)
         index += 1

@@ -76,10 +76,10 @@ def test_local_input_kinds(tmp_path):
     (d / "notes.md").write_text("ignored")
     fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
     expected = reference(DOCS[:10] + DOCS[10:30] + ["a whole file is one document\n\nwith paragraphs"])
-    assert np.array_equal(load_shard(shards_of(tmp_path / "o")[0]), expected)
+    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), expected)
     # a single .txt file (like input.txt) is one document
     fineweb.main(str(d / "sub" / "c.txt"), str(tmp_path / "o2"), "text", 10_000, "m", 1)
-    assert np.array_equal(load_shard(shards_of(tmp_path / "o2")[0]),
+    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o2")]),
                           expected[-len(reference(["a whole file is one document\n\nwith paragraphs"])):])
 
 
@@ -87,7 +87,7 @@ def test_save_to_disk_dir(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"content": DOCS}).save_to_disk(str(tmp_path / "ds"))
     fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o"), "content", 10_000, "s", 2)
-    assert np.array_equal(load_shard(shards_of(tmp_path / "o")[0]), reference(DOCS))
+    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
     with pytest.raises(ValueError, match="no column 'text'.*content"):
         fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o3"), "text", 10_000, "s", 1)
 
@@ -191,6 +191,28 @@ def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
         assert not os.path.exists(tmp_path / "o")  # and no empty out_dir left behind
 
 
+def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
+    """python fineweb.py --input corpus (16k tokens, under the default 100M-token shard): 10% of it becomes
+    the val shard and the rest a train shard, so train_gpt2.py trains on it; the val shard's header records
+    where it ends, so a rerun finds both complete and changes nothing."""
+    src = tmp_path / "corpus.jsonl"
+    with open(text, encoding="utf-8") as f:
+        docs = f.read().split("\n\n")
+    write_docs(src, docs)
+    out = tmp_path / "o"
+    cli = [sys.executable, "fineweb.py", "--input", str(src), "--out_dir", str(out), "--workers", "1"]
+    r = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "2 shards (edufineweb_val_000000.bin + 1 train)" in r.stdout, r.stderr
+    val, train_shard = (load_shard(p) for p in shards_of(out))
+    assert len(val) == (len(val) + len(train_shard)) // 10
+    assert np.array_equal(np.concatenate([val, train_shard]), reference(docs))
+    before = {p: open(p, "rb").read() for p in shards_of(out)}
+    r = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "all 2 shards" in r.stdout, r.stdout + r.stderr
+    assert {p: open(p, "rb").read() for p in shards_of(out)} == before
+    train(TINY + [f"--data_root={out}", "--max_steps=1", f"--log_dir={tmp_path / 'log'}"], cwd=tmp_path)
+
+
 def test_rerun_with_other_arguments_is_refused(tmp_path):
     out = make(tmp_path)
     with pytest.raises(ValueError, match="other arguments"):
@@ -200,9 +222,10 @@ def test_rerun_with_other_arguments_is_refused(tmp_path):
 def test_fineweb_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="--input .*missing.jsonl does not exist"):
         fineweb.main(str(tmp_path / "missing.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
-    (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match="is empty"):
-        fineweb.main(str(tmp_path / "empty.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
+    for empty in ("empty.jsonl", "empty.txt"):  # refused alike: no documents
+        (tmp_path / empty).write_text("\n" if empty.endswith(".jsonl") else "")
+        with pytest.raises(ValueError, match="is empty"):
+            fineweb.main(str(tmp_path / empty), str(tmp_path / "o"), "text", 100, "t", 1)
     write_docs(tmp_path / "body.jsonl", ["x"], field="body")
     with pytest.raises(ValueError, match=r"body.jsonl:1: no field 'text' \(fields: id, body\)"):
         fineweb.main(str(tmp_path / "body.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
