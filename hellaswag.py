@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from dataloader import iter_jsonl
-from runtime import autocast, first_line, one_line_errors, pick_device
+from runtime import autocast, first_line, hub_online, one_line_errors, pick_device
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -54,6 +54,9 @@ def download(cache_dir):
         raise OSError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
                       "pass a local copy of hellaswag_val.jsonl with --data") from None
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
+    if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
+        raise OSError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass a "
+                      "local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data")
     os.makedirs(cache_dir, exist_ok=True)
     with FileLock(path + ".lock"):  # released on exit, also if this process dies
         if not os.path.exists(path):

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from runtime import first_line
+from runtime import first_line, hub_online
 
 # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
 GPT2_VOCAB = 50257
@@ -373,12 +373,14 @@ def download_gpt2(name):
         raise OSError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a "
                       "local folder in HF GPT-2 format (config.json + model.safetensors)") from None
     logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
+    online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
     try:
         for file in ("config.json", "model.safetensors"):
-            path = hf_hub_download(PRETRAINED[name], file)
+            path = hf_hub_download(PRETRAINED[name], file, local_files_only=not online)
     except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
+        why = first_line(e) if online else "the Hub cannot be reached and they are not in its local cache"
         raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face "
-                      f"Hub ({first_line(e)}); without internet, pass a local folder in HF GPT-2 format "
+                      f"Hub ({why}); without internet, pass a local folder in HF GPT-2 format "
                       "(config.json + model.safetensors) instead") from None
     return os.path.dirname(path)
 

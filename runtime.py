@@ -11,15 +11,33 @@ import platform
 import re
 import socket
 import subprocess
+import urllib.parse
 
 import torch
 import torch.distributed as dist
 
 
 def first_line(e, limit=160):
-    """The first line of an exception's message, cut to `limit` characters: the reason a one-line error
-    quotes."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+    """The first line of an exception's message, at most about `limit` characters (cut at a word): the reason
+    a one-line error quotes."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def hub_online(timeout=3.0):
+    """Whether the Hugging Face Hub can be reached: one connection attempt of `timeout` seconds instead of
+    huggingface_hub's retries (offline a download then fails in seconds, not after ~35 s of silence). False
+    without asking under HF_HUB_OFFLINE=1; True without asking behind a proxy (the proxy decides)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """Generate text from a training checkpoint or an OpenAI / Hugging Face GPT-2.
 
+    python sample.py                                # the newest checkpoint in log/ (else OpenAI's gpt2)
     python sample.py --model log/model_000150.pt
     python sample.py --model gpt2 --prompt "The meaning of life is" --num_samples 3 --max_new_tokens 100
     python sample.py --model log/model_019073.pt --prompt FILE:prompt.txt --top_k 200 --temperature 0.8
@@ -9,7 +10,7 @@ import time
 
 import torch
 
-from checkpoint import load_model
+from checkpoint import checkpoints, load_model
 from runtime import autocast, one_line_errors, pick_device, synchronize
 from tokenizer import get_encoding
 
@@ -30,9 +31,9 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="gpt2",
-                        help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, "
-                        "or gpt2[-medium|-large|-xl]")
+    parser.add_argument("--model", default=None,
+                        help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, or "
+                        "gpt2[-medium|-large|-xl] (default: the newest checkpoint in log/, else gpt2)")
     parser.add_argument("--prompt", default="Hello, I'm a language model,",
                         help='text, or FILE:path to read it')
     parser.add_argument("--num_samples", type=int, default=4)
@@ -51,6 +52,9 @@ def main():
                 prompt = f.read()
         except FileNotFoundError:
             parser.error(f"prompt file {prompt[5:]} does not exist")
+    if args.model is None:  # what a user who just trained wants to see
+        args.model = (checkpoints("log") or ["gpt2"])[-1]
+        print(f"sample: {args.model} (--model picks another)")
     with one_line_errors():  # a missing or damaged file, no network, no such device
         device = pick_device(args.device)
         model = load_model(args.model)

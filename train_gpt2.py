@@ -85,7 +85,8 @@ SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, checkpoint_interval=300)
+    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100,
+    checkpoint_interval=300)
 CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50,
@@ -172,9 +173,9 @@ def apply_fallbacks(cfg, overrides, rt):
     small, notes = {}, []
     if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
-            raise SystemExit(f"error: no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
-                             f"directory you run from): make them there with `python fineweb.py`, or pass "
-                             f"--data_root=PATH")
+            raise SystemExit(f"error: no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to "
+                             f"the directory you run from): make them there with `python fineweb.py`, or "
+                             f"pass --data_root=PATH")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on "
                      f"input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
@@ -377,7 +378,8 @@ def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps,
     if cfg["eval_only"] and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
     mem = memory_estimate(cfg, rt, model.config, cfg["B"])
-    print0(f"config: {json.dumps(cfg)}")
+    print0(f"config (what differs from the settings block; the log keeps all): "
+           f"{json.dumps({k: v for k, v in cfg.items() if v != CONFIG[k]})}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
     print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
            f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
@@ -404,8 +406,8 @@ def catch_stop_signals():
             os._exit(128 + signum)  # now: no checkpoint, nothing flushed
         received[0] = signum
         if runtime.is_rank0():  # os.write: safe inside a signal handler, unlike print
-            os.write(sys.stdout.fileno(), f"\n{name}: stopping after this step with a checkpoint; {name} again "
-                                          f"stops now without one\n".encode())
+            said = f"{name}: stopping after this step with a checkpoint; {name} again stops now without one"
+            os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
     return received
@@ -571,8 +573,8 @@ def main(argv):
             tok_s = cfg["total_batch_size"] / dt
             util = mfu(raw_model.config, tok_s / rt.world_size, peak, cfg["T"])
             print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm {norm_v:.4f} "
-                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s | MFU "
-                   + ("n/a" if util is None else f"{util:.1%}")
+                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
+                   + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
                    + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
             log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
                           "tok_s": tok_s, "mfu": util}

@@ -141,6 +141,7 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch, posix):
         return [{**example(i), "label": str(example(i)["label"])} for i in range(7)]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(hellaswag, "hub_online", lambda: True)
     results = []
 
     def load():
@@ -187,6 +188,7 @@ def test_download_failure_names_the_way_out(tmp_path, monkeypatch):
                               "detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setattr(hellaswag, "hub_online", lambda: True)  # reachable, then the download fails
     with pytest.raises(OSError) as e:
         hellaswag.load_examples(cache_dir=str(tmp_path))
     assert str(e.value) == ("could not download HellaSwag (Couldn't reach 'Rowan/hellaswag' on the Hub "
@@ -201,3 +203,15 @@ def test_real_validation_file():
     examples = hellaswag.load_examples(SHARED)
     assert len(examples) == 10042
     assert sorted({e["label"] for e in examples}) == [0, 1, 2, 3]
+
+
+def test_offline_download_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch):
+    """The Hub unreachable (HF_ENDPOINT at a closed local port): one line naming --data, without waiting for
+    retries, and no folder or lock file left behind."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    with pytest.raises(OSError, match="the Hugging Face Hub cannot be reached; offline, pass a local copy of "
+                                      "hellaswag_val.jsonl .* with --data"):
+        hellaswag.load_examples(cache_dir=str(tmp_path / "hs"))
+    assert not os.path.exists(tmp_path / "hs")

@@ -10,7 +10,8 @@ import safetensors.torch
 import torch
 
 from accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
-from conftest import ROOT, script
+from conftest import ROOT, assert_one_line_error, script
+import model
 from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
 from optimizers import adamw, muon
 
@@ -231,13 +232,15 @@ def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
     safetensors.torch.save_file(sd, tmp_path / "openai" / "model.safetensors", metadata={"format": "pt"})
     calls = []
 
-    def fake_download(repo, filename):
-        calls.append((repo, filename))
+    def fake_download(repo, filename, local_files_only):
+        calls.append((repo, filename, local_files_only))
         return str(tmp_path / "openai" / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(model, "hub_online", lambda: True)
     m = GPT.from_pretrained("gpt2").eval()
-    assert calls == [("openai-community/gpt2", "config.json"), ("openai-community/gpt2", "model.safetensors")]
+    assert calls == [("openai-community/gpt2", "config.json", False),
+                     ("openai-community/gpt2", "model.safetensors", False)]
     x = torch.randint(0, 300, (2, 16))
     with torch.no_grad():
         assert (m(x)[0] - hf(x).logits).abs().max() <= 1e-4
@@ -271,6 +274,12 @@ def test_offline_name_is_one_line(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert "could not download GPT-2 weights 'gpt2'" in r.stderr and "pass a local folder" in r.stderr
+    # not told, but the Hub cannot be reached (HF_ENDPOINT at a closed port): one attempt, then the cache
+    env = {k: v for k, v in env.items() if k.lower() not in ("hf_hub_offline", "https_proxy", "all_proxy")}
+    r = script("sample.py", "--model", "gpt2", "--device", "cpu",
+               env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert_one_line_error(r, "could not download GPT-2 weights 'gpt2'", "the Hub cannot be reached and "
+                          "they are not in its local cache", "pass a local folder")
 
 
 def test_hf_errors(tmp_path):

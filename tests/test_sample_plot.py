@@ -1,11 +1,15 @@
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import plot
 import sample
-from conftest import save_model, script
+from conftest import ROOT, save_model, script
 from model import GPT, GPTConfig
 from tokenizer import get_encoding
 
@@ -43,6 +47,14 @@ def test_sample_cli(checkpoint, tmp_path):
     (tmp_path / "prompt.txt").write_text("To be, or not", encoding="utf-8")
     r2 = run_sample(*[a if a != "To be, or not" else f"FILE:{tmp_path / 'prompt.txt'}" for a in args])
     assert r2.returncode == 0 and r2.stdout.split("-" * 80)[0] == r.stdout.split("-" * 80)[0]
+    # no --model after training: the newest checkpoint in ./log, not a download of OpenAI's gpt2
+    (tmp_path / "log").mkdir()
+    for step in (3, 12):
+        shutil.copy(path, tmp_path / "log" / f"model_{step:06d}.pt")
+    r3 = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *args[2:]], cwd=tmp_path,
+                        capture_output=True, text=True)
+    assert r3.returncode == 0 and r3.stdout.startswith("sample: log/model_000012.pt (--model picks another)")
+    assert r3.stdout.split("-" * 80)[0].split("\n", 1)[1] == r.stdout.split("-" * 80)[0]
 
 
 def test_sample_matches_generate_and_is_seeded(checkpoint):

@@ -263,8 +263,9 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, rt)
     assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
     rt.distributed = True
-    with pytest.raises(SystemExit, match=rf"no shards in {tmp_path / 'edu_fineweb10B'} \(data_root is relative "
-                                         r"to the directory you run from\): make them there with `python fineweb"):
+    where = tmp_path / "edu_fineweb10B"
+    with pytest.raises(SystemExit, match=rf"no shards in {where} \(data_root is relative to the directory "
+                                         r"you run from\): make them there with `python fineweb"):
         train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
 
 
@@ -303,7 +304,8 @@ def test_help_lists_every_setting_from_the_settings_block():
     block itself, exit 0."""
     r = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    listed = {line.split("=")[0].strip()[2:]: line for line in r.stdout.splitlines() if line.startswith("  --")}
+    listed = {line.split("=")[0].strip()[2:]: line
+              for line in r.stdout.splitlines() if line.startswith("  --")}
     assert list(listed) == list(train_gpt2.CONFIG)
     with open(SCRIPT) as f:
         source = f.read()
