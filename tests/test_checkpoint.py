@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from checkpoint import CheckpointError, checksum, load_checkpoint, load_model, newest_valid, save_checkpoint
+from checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, newest_valid,
+                        save_checkpoint)
 from conftest import assert_one_line_error, script
 from model import GPT, GPTConfig
 MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
@@ -78,11 +79,15 @@ def test_newest_valid(tmp_path):
     notes = []
     path, ckpt = newest_valid(str(tmp_path), notes.append)
     assert path.endswith("model_000004.pt") and ckpt["step"] == 4
-    assert len(notes) == 1 and "model_000006.pt is damaged" in notes[0] and notes[0].endswith(": skipped")
+    assert len(notes) == 2 and "model_000006.pt is damaged" in notes[0] and notes[0].endswith(": skipped")
+    # moved aside: no longer among the checkpoints, so rotation never keeps it in place of a good one
+    assert "aside to model_000006.pt.damaged" in notes[1] and (tmp_path / "model_000006.pt.damaged").exists()
+    assert [os.path.basename(p) for p in checkpoints(str(tmp_path))] == ["model_000002.pt", "model_000004.pt"]
     for step in (2, 4):
         (tmp_path / f"model_{step:06d}.pt").write_bytes(b"PK")
-    with pytest.raises(CheckpointError, match="none of the 3 checkpoints in .* verifies"):
+    with pytest.raises(CheckpointError, match="none of the 2 checkpoints in .* verifies"):
         newest_valid(str(tmp_path), notes.append)
+    assert len(checkpoints(str(tmp_path))) == 2  # none verifies: nothing renamed
 
 
 @pytest.mark.parametrize("name", ["sample.py", "hellaswag.py"])
