@@ -184,9 +184,8 @@ def apply_fallbacks(cfg, overrides, rt):
                      + " with a small batch on the CPU (settings given on the command line are kept)")
         small.update(CPU_CONFIG)
     cfg = {**cfg, **{k: v for k, v in small.items() if k not in overrides}}
-    if small and "B" not in overrides:
-        rows = cfg["total_batch_size"] // (cfg["T"] * rt.world_size)  # rows per process and step
-        cfg["B"] = max([b for b in range(1, cfg["B"] + 1) if rows % b == 0], default=cfg["B"])
+    if small and "B" not in overrides:  # the largest B <= the fallback's that keeps the batch whole
+        cfg["B"] = next((b for b in micro_batches(cfg, rt) if b <= cfg["B"]), cfg["B"])
     return cfg, notes
 
 
