@@ -304,18 +304,22 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
     print(f"fineweb: {len(names) - len(todo)} of {len(names)} shards of {PRETOKENIZED} already in {out_dir}")
     if not todo:
         return
-    make_out_dir(out_dir)
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
         raise OSError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
                       "requirements.txt)") from None
+    from runtime import first_line, hub_online  # here: fineweb.py needs no torch otherwise
+    online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
+    new = not os.path.exists(out_dir)
+    make_out_dir(out_dir)
     for i, name in enumerate(todo, 1):
         print(f"fineweb: {name} ({i}/{len(todo)})", flush=True)
         try:
-            cached = hf_hub_download(PRETOKENIZED, name, repo_type="dataset")
+            cached = hf_hub_download(PRETOKENIZED, name, repo_type="dataset", local_files_only=not online)
         except Exception as e:  # offline, no such file, Hub outage: the same way out
-            from runtime import first_line  # here: fineweb.py needs no torch otherwise
+            if new and not os.listdir(out_dir):  # nothing left behind by a run that got nothing
+                os.rmdir(out_dir)
             raise OSError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
                           f"internet, tokenize local files with --input instead") from None
         if not whole(cached):

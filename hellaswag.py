@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from dataloader import iter_jsonl
-from runtime import autocast, first_line, hub_online, one_line_errors, pick_device
+from runtime import autocast, exit_process, first_line, hub_online, one_line_errors, pick_device
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -264,7 +264,7 @@ def main():
         print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "
               f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s")
     if world_size > 1:
-        torch.distributed.destroy_process_group()
+        exit_process(0)  # every rank, after the last collective: also takes the process group down
 
 
 if __name__ == "__main__":

@@ -71,17 +71,20 @@ def settings_diff(a, b):
 
 
 def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
+    """Writes the PNG: loss, bits per byte and (when either log has any) HellaSwag, on one step axis."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(20, 5))
-    panels = [(axes[0], [("loss", "train loss", dict(alpha=0.6, lw=1)),
-                         ("val_loss", "val loss", dict(marker="o"))],
+    panels = [([("loss", "train loss", dict(alpha=0.6, lw=1)), ("val_loss", "val loss", dict(marker="o"))],
                "loss (nats per token)"),
-              (axes[1], [("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte"),
-              (axes[2], [("hellaswag", "this run", dict(marker="o"))], "HellaSwag acc_norm")]
-    for ax, keys, title in panels:
+              ([("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte")]
+    hellaswag = series["hellaswag"] or (baseline and baseline["hellaswag"])
+    if hellaswag:  # a run with --hellaswag=0 (the CPU default) gets no empty panel
+        panels.append(([("hellaswag", "this run", dict(marker="o"))], "HellaSwag acc_norm"))
+    # one step axis for all panels: evaluations line up with the train loss of the same step
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), sharex=True)
+    for ax, (keys, title) in zip(axes, panels):
         for key, label, style in keys:
             steps = sorted(series[key])
             if steps:
@@ -99,14 +102,16 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
         ax.set(xlabel="step", title=title)
     if logy:
         axes[0].set_yscale("log")
-    axes[2].axhline(GPT2_HELLASWAG, color="r", ls="--", label=f"OpenAI GPT-2 124M ({GPT2_HELLASWAG})")
-    axes[2].axhline(GPT3_HELLASWAG, color="g", ls="--", label=f"OpenAI GPT-3 124M ({GPT3_HELLASWAG})")
+    if hellaswag:
+        axes[2].axhline(GPT2_HELLASWAG, color="r", ls="--", label=f"OpenAI GPT-2 124M ({GPT2_HELLASWAG})")
+        axes[2].axhline(GPT3_HELLASWAG, color="g", ls="--", label=f"OpenAI GPT-3 124M ({GPT3_HELLASWAG})")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+    return [(ax.get_title(), ax.get_xlim()) for ax in axes]  # what was drawn: each panel and its step range
 
 
 def main():

@@ -463,14 +463,15 @@ def sample_texts(model, seed, rt, n=4, length=32):
 def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
     """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
     eval_model.eval()
+    at = os.path.basename(cfg["init_from"]) if cfg["eval_only"] else f"step {step}"  # eval_only: no steps
     val_loss, val_bpb = validation_loss(eval_model, val_loader, cfg["val_steps"], rt)
-    print0(f"step {step}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
+    print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
         per_forward = max(1, cfg["B"] * cfg["T"] // 384)  # rows of <= 336 tokens: about a micro-batch
         hs = hellaswag_eval(eval_model, examples, rt.device, per_forward, rt.rank, rt.world_size,
                             dtype=rt.dtype)
-        print0(f"step {step}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
+        print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
         log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                    "hellaswag_n": hs["n"]})
     samples = sample_texts(raw_model, cfg["seed"], rt)
@@ -592,12 +593,10 @@ def main(argv):
 
 if __name__ == "__main__":
     try:
-        status = main(sys.argv[1:])
+        runtime.exit_process(main(sys.argv[1:]))  # every rank returns at the same step
     except SystemExit as e:  # an expected mistake, the same on every rank: said once per node, not per rank
-        if isinstance(e.code, str) and os.environ.get("LOCAL_RANK", "0") != "0":
-            sys.exit(1)
-        raise
-    if dist.is_initialized():  # every rank returns at the same step: wait for all, then take gloo/NCCL down
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.exit(status)
+        if not isinstance(e.code, str):  # --help
+            raise
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(e.code, file=sys.stderr)
+        runtime.exit_process(1, wait=False)

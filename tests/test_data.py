@@ -523,6 +523,10 @@ def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
         assert np.array_equal(load_shard(str(out / name)), np.arange(2000) + 100 * i)
     assert DataLoaderLite(4, 16, data_root=str(out)).tokens_total == 4000
     assert all(os.stat(out / n).st_ino == os.stat(snapshot / n).st_ino for n in names)  # linked, not copied
+    unreachable = {**{k: v for k, v in env.items() if "proxy" not in k.lower() and k != "HF_HUB_OFFLINE"},
+                   "HF_ENDPOINT": "http://127.0.0.1:9"}  # refused at once: no HF_HUB_OFFLINE, no Hub either
+    r = pretokenized(2, tmp_path / "again", unreachable)
+    assert r.returncode == 0 and sorted(os.listdir(tmp_path / "again")) == sorted(names), r.stderr[-3000:]
     for name in names:  # a rerun finds them complete: not even the cache is read
         os.remove(snapshot / name)
     r = pretokenized(2, out, env)
@@ -530,6 +534,11 @@ def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
     r = pretokenized(3, out, env)
     assert_one_line_error(r, "could not download finewebedu_train_000003.bin from kjj0/finewebedu10B-gpt2 (",
                           "without internet, tokenize local files with --input instead")
+    # no HF_HUB_OFFLINE, but the Hub does not answer: the cache alone is read, and a new out_dir that got
+    # nothing is not left behind
+    assert_one_line_error(pretokenized(2, tmp_path / "new", unreachable), "could not download "
+                          "finewebedu_val_000000.bin from", "tokenize local files with --input instead")
+    assert not (tmp_path / "new").exists()
     write_shard(str(snapshot / "finewebedu_train_000003.bin"), np.arange(500))
     data = (snapshot / "finewebedu_train_000003.bin").read_bytes()
     (snapshot / "finewebedu_train_000003.bin").write_bytes(data[:-100])  # truncated in the cache

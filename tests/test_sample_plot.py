@@ -132,6 +132,18 @@ def test_plot_against_a_baseline_and_settings_diff(tmp_path):
         "model_config.n_layer: 4 -> 12", "run.git_dirty: False -> True"]
 
 
+def test_plot_panels_share_the_step_axis_and_skip_an_empty_hellaswag(tmp_path):
+    """A CPU run (--hellaswag=0) gets no empty HellaSwag panel, and bits per byte (evaluated every 50 steps)
+    is drawn over the same steps as the loss, so the panels line up."""
+    series = {"loss": {s: 10 - s * 0.01 for s in range(1, 151)}, "val_loss": {50: 7.0, 100: 6.5, 150: 6.0},
+              "val_bpb": {50: 3.0, 100: 2.8, 150: 2.6}, "hellaswag": {}}
+    drawn = plot.plot(series, str(tmp_path / "a.png"))
+    assert [title for title, _ in drawn] == ["loss (nats per token)", "val bits per byte"]
+    assert drawn[0][1] == drawn[1][1] and drawn[1][1][0] < 10
+    drawn = plot.plot({**series, "hellaswag": {150: 0.26}}, str(tmp_path / "b.png"))
+    assert [title for title, _ in drawn][2] == "HellaSwag acc_norm" and len({xlim for _, xlim in drawn}) == 1
+
+
 def test_plot_errors(tmp_path):
     r = script("plot.py", "--log", str(tmp_path / "nope.jsonl"))
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr

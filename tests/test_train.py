@@ -13,7 +13,7 @@ import torch
 
 import train_gpt2
 from checkpoint import checkpoints, resume_settings
-from conftest import (ENV, MUON, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps, losses,
+from conftest import (ENV, MUON, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps, losses,
                       records, run_args, train)
 
 
@@ -451,3 +451,21 @@ def test_one_run_per_log_dir(tmp_path, text):
     (tmp_path / "afile").write_text("")
     r = train(TINY + [f"--data_root={text}", f"--log_dir={tmp_path / 'afile'}"], cwd=tmp_path, check=False)
     assert_one_line_error(r, "is a file, not a directory: choose another --log_dir")
+
+
+EXIT = """
+import sys, torch.distributed as dist, runtime
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+print("written before the exit", end="")
+runtime.exit_process(int(sys.argv[2]))
+print("never")
+"""
+
+
+@pytest.mark.parametrize("status", [0, 143])
+def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, status):
+    """exit_process skips the interpreter's shutdown (which races gloo's worker threads and can abort): the
+    exit status and everything printed still come out."""
+    r = subprocess.run([sys.executable, "-c", EXIT, str(tmp_path / "pg"), str(status)], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == status and r.stdout == "written before the exit", (r.returncode, r.stderr)
