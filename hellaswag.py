@@ -176,6 +176,10 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
         batch = mine[start:start + batch_size]
         packed = [p for _, p, _ in batch] or [pad]
         tokens, pos, attn_mask, select, targets, owner = collate(packed, batch_size, device)
+        # the lengths vary from batch to batch: under torch.compile one graph for all of them, compiled once,
+        # instead of one for the first length and a second, general one at the next (eager: no effect)
+        for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))):
+            torch._dynamo.maybe_mark_dynamic(t, dims)
         with autocast(device, dtype):
             logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
         if not batch:  # this rank is done, but another still runs a (collective) forward
