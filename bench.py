@@ -25,9 +25,11 @@ on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under 
 import argparse
 import contextlib
 import datetime
+import os
 import re
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -133,7 +135,8 @@ def ladder(size, B, T, device, steps, warmup, skip):
 
 
 PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
-    ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy"),
+    # (on a CPU the training loss is model.py's ChunkedHeadLoss: its matmuls are matmuls, the rest this)
+    ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy|chunkedheadloss"),
     ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
     ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
     # Inductor's pointwise and reduction kernels are never matmuls (triton_poi_fused_addmm_gelu: bias + GELU)
@@ -152,6 +155,26 @@ def part_of(names):
     return OTHER
 
 
+@contextlib.contextmanager
+def without_profiler_chatter():
+    """Kineto writes "STAGE:" and "USDT:" lines to stderr at every profiler start and stop, whatever
+    KINETO_LOG_LEVEL says: stderr (fd 2) goes to a file meanwhile, and every other line is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not re.match(r"(STAGE|USDT):[-\d]+ [:\d]+ \d+:\d+ \w+\.cpp:\d+\] ", line):
+                    sys.stderr.write(line)
+
+
 def breakdown(step, device, step_time, steps=3, trace=None):
     """Where a step's time goes: torch.profiler over `steps` calls of step(), summed by PARTS, and the rest of
     the measured step time as idle (launch gaps, CPU overhead). On CUDA the time is the kernels' and the
@@ -160,7 +183,8 @@ def breakdown(step, device, step_time, steps=3, trace=None):
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     cuda = device == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    with without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU]
+                                             + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(steps):
             step()
         synchronize(device)

@@ -172,6 +172,43 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class ChunkedHeadLoss(torch.autograd.Function):
+    """lm_head and the mean cross-entropy (targets of -1 ignored) with the gradients computed in the forward,
+    CHUNK rows at a time in one scratch tensor that stays allocated from step to step: x (N, C), weight
+    (vocab_size, C), targets (N,), scratch (>= CHUNK, vocab_size) -> the loss. The plain way allocates four
+    (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128); on a CPU each is a fresh mmap that
+    the kernel zero-fills page by page, half of a step's time. GPUs keep freed memory in PyTorch's caching
+    allocator and take the plain way, which torch.compile fuses."""
+    CHUNK = 1024  # rows: large matmuls, and a 206 MB scratch whatever B and T are
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, scratch):
+        count = (targets != -1).sum().clamp(min=1)  # the mean is over the counted tokens
+        loss = torch.zeros((), device=x.device)
+        grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight)
+        with torch.autocast(x.device.type, enabled=False):  # fp32 throughout (--dtype=bf16 on a CPU too)
+            x, w = x.float(), weight.float()
+            for i in range(0, x.size(0), ChunkedHeadLoss.CHUNK):
+                xc, tc = x[i:i + ChunkedHeadLoss.CHUNK], targets[i:i + ChunkedHeadLoss.CHUNK]
+                logits = torch.mm(xc, w.t(), out=scratch[:len(xc)])  # (rows, vocab_size)
+                counted = (tc != -1).float()
+                tc = tc.clamp(min=0)
+                lse = torch.logsumexp(logits, dim=1)
+                loss += ((lse - logits.gather(1, tc[:, None]).squeeze(1)) * counted).sum()
+                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                probs[torch.arange(len(tc)), tc] -= 1  # d(token's loss)/d(logits) = softmax - one-hot
+                probs.mul_(counted[:, None] / count)
+                grad_x[i:i + ChunkedHeadLoss.CHUNK] = probs @ w
+                grad_w.addmm_(probs.t(), xc)
+        ctx.save_for_backward(grad_x, grad_w)
+        return loss / count
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x, grad_w = ctx.saved_tensors
+        return grad_x * grad, grad_w * grad, None, None
+
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -212,7 +249,8 @@ class GPT(nn.Module):
         Several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) pass pos
         (B, T), each token's position, and attn_mask (B, T, T), which tokens each token attends to. select
         (N,) keeps only those flat positions (b * T + t) for the head: logits (N, vocab_size), targets
-        (N,)."""
+        (N,). Training on a CPU (train mode, gradients on, the mean loss, eager) returns no logits: the loss
+        and its gradients come from ChunkedHeadLoss."""
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
@@ -238,12 +276,24 @@ class GPT(nn.Module):
         select, and, given targets, the cross-entropy."""
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
+        x = self.transformer.ln_f(x)
+        if self.chunked_loss(x, targets, reduction):
+            if getattr(self, "scratch", None) is None or len(self.scratch) < ChunkedHeadLoss.CHUNK:
+                self.scratch = torch.empty(ChunkedHeadLoss.CHUNK, self.config.vocab_size)  # kept: see there
+            return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
+                                               targets.view(-1), self.scratch)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
                                    reduction=reduction)
         return logits, loss
+
+    def chunked_loss(self, x, targets, reduction):
+        """Whether the head and the loss go through ChunkedHeadLoss: training on a CPU (train mode, gradients
+        on, the mean loss, eager)."""
+        return (targets is not None and reduction == "mean" and x.device.type == "cpu" and self.training
+                and torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
     def compile_regions(self):
         """torch.compile this model in place, region by region: the embeddings, each block (its activation

@@ -97,6 +97,28 @@ def test_ignore_index_targets():
     assert torch.allclose(loss, ref)
 
 
+def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
+    """Training on a CPU computes the head and the loss in chunks with the gradients in the forward
+    (ChunkedHeadLoss): the same loss and gradients as the plain lm_head + cross_entropy of eval mode, over
+    several chunks (the last one short), with ignored targets and the loss scaled before backward (fp16)."""
+    monkeypatch.setattr(model.ChunkedHeadLoss, "CHUNK", 7)
+    x = torch.randint(0, 512, (2, 16))
+    y = x.roll(-1, 1)
+    y[0, :5] = -1
+    results = []
+    for train in (True, False):
+        m = build(tiny()).train(train)
+        logits, loss = m(x, y)
+        (loss * 2.5).backward()
+        assert (logits is None) == train
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (chunked, g0), (plain, g1) = results
+    assert torch.allclose(chunked, plain, rtol=1e-6, atol=0), (chunked, plain)
+    for name in g0:  # fp32 rounding: summed in another order
+        assert (g0[name] - g1[name]).abs().max() <= 2e-6 * g1[name].abs().max(), name
+    assert m.transformer.wte.weight.grad.abs().sum() > 0
+
+
 def test_gradient_checkpointing_same_loss_and_grads():
     x = torch.randint(0, 512, (2, 32))
     results = []
@@ -366,7 +388,8 @@ def _saved_bytes(model, x, y, dtype):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("n_kv_head", [4, 1])
-def test_activation_memory_estimate_matches_autograd(dtype, n_kv_head):
+def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_head):
+    monkeypatch.setattr(GPT, "chunked_loss", lambda *args: False)  # the estimate is of a GPU's training step
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, n_kv_head=n_kv_head)
     m = build(c).train()
     x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
@@ -375,7 +398,8 @@ def test_activation_memory_estimate_matches_autograd(dtype, n_kv_head):
     assert abs(_saved_bytes(m, x, y, dtype) / (est["activations"] + est["weight_copies"]) - 1) < 0.01
 
 
-def test_activation_memory_estimate_with_checkpointing():
+def test_activation_memory_estimate_with_checkpointing(monkeypatch):
+    monkeypatch.setattr(GPT, "chunked_loss", lambda *args: False)  # the estimate is of a GPU's training step
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, grad_checkpoint=True)
     m = build(c).train()
     x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
