@@ -176,8 +176,8 @@ def apply_fallbacks(cfg, overrides, rt):
             raise SystemExit(f"error: no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to "
                              f"the directory you run from): make them there with `python fineweb.py`, or "
                              f"pass --data_root=PATH")
-        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): training on "
-                     f"input.txt")
+        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
+                     + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
     if rt.kind != "cuda":
         notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training a small model")
@@ -376,18 +376,23 @@ def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps,
     hold_log_dir(cfg["log_dir"], rt, create=True)  # only now: a refused run leaves no empty log_dir behind
     if cfg["eval_only"] and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
-    mem = memory_estimate(cfg, rt, model.config, cfg["B"])
     print0(f"config (what differs from the settings block; the log keeps all): "
            f"{json.dumps({k: v for k, v in cfg.items() if v != CONFIG[k]})}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
-    print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
-           f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
-    print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} processes "
-           f"x {grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
-           f"process {mem / 2**30:.1f} GiB"
-           + (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-              + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
-              + ")" if cfg["fsdp"] else ""))
+    if cfg["eval_only"]:  # nothing trained: what one evaluation reads
+        print0(f"eval: {cfg['val_steps']} validation batches of {cfg['B']} x {cfg['T']} tokens x "
+               f"{rt.world_size} processes from {cfg['data_root']}, {cfg['hellaswag']:,} HellaSwag examples; "
+               f"device {rt.device}")
+    else:
+        print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
+               f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
+        mem = memory_estimate(cfg, rt, model.config, cfg["B"])
+        sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+                   + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
+                      else "") + ")") if cfg["fsdp"] else ""
+        print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} "
+               f"processes x {grad_accum_steps} accumulation steps; device {rt.device}; estimated training "
+               f"memory per process {mem / 2**30:.1f} GiB{sharded}")
     log(path, {"event": "start", "step": step, "config": cfg,
                "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
                "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, optimizers)})

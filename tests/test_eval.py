@@ -75,6 +75,7 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     assert val["step"] == hs["step"] == 0 and hs["hellaswag_n"] == 5 and any("samples" in rec for rec in recs)
     assert f"hf: val loss {val['val_loss']:.4f} | val bpb {val['val_bpb']:.4f}" in r.stdout  # no "step 0"
     assert "hf: hellaswag acc_norm" in r.stdout and "step 0" not in r.stdout
+    assert "5 HellaSwag examples" in r.stdout and "accumulation steps" not in r.stdout  # no training report
     # those used
     tokens = load_shard(glob.glob(str(d / "shards" / "*val*.bin"))[0])[:2 * VAL_STEPS * B * T + 1]
     assert (tokens == EOT).sum() >= 3 and any(len(get_encoding().decode_single_token_bytes(t)) > 1 and
