@@ -10,8 +10,11 @@ def count_params(config, non_embedding=False):
     C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
     attn = C * (C + 2 * kv) + (C + 2 * kv) + C * C + C  # c_attn, c_proj (weights + biases)
     mlp = C * 4 * C + 4 * C + 4 * C * C + C  # c_fc, c_proj
-    n = config.vocab_size * C + config.block_size * C + L * (attn + mlp + 4 * C) + 2 * C  # + ln_1, ln_2, ln_f
-    return n - config.block_size * C if non_embedding else n
+    norms = 0 if config.rmsnorm else 2 * C  # a LayerNorm's gain and bias; RMSNorm has none
+    wte, wpe = config.vocab_size * C, 0 if config.rotary else config.block_size * C
+    head = wte if config.untied_head else 0  # tied: wte is lm_head
+    n = wte + wpe + L * (attn + mlp + 2 * norms) + norms + head  # + ln_1, ln_2 a block, ln_f
+    return n - wpe - (wte if config.untied_head else 0) if non_embedding else n  # lookups: no FLOPs
 
 
 def flops_per_token(config, T=None):

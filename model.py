@@ -41,6 +41,15 @@ class GPTConfig:
     grad_checkpoint: bool = False  # recompute each block in backward: activation memory for ~1/3 more compute
     # False: explicit masked-softmax attention (a T x T matrix per head), bench.py's baseline
     flash: bool = True
+    # Beyond GPT-2 (train_gpt2.py --recipe=modern), all off for GPT-2 and its checkpoints:
+    rotary: bool = False  # rotary position embeddings on queries and keys, instead of learned ones (no wpe)
+    qk_norm: bool = False  # queries and keys RMS-normalized per head before attention
+    relu2: bool = False  # MLP activation ReLU(x)^2 instead of GELU
+    untied_head: bool = False  # lm_head its own matrix, not wte's
+    zero_init: bool = False  # output projections (attention, MLP, an untied lm_head) start at zero
+    rmsnorm: bool = False  # parameter-free RMSNorm instead of LayerNorm (gain and bias)
+
+    MODERN = ("rotary", "qk_norm", "relu2", "untied_head", "zero_init", "rmsnorm")
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -89,18 +98,22 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.layer = layer
-        self.flash = config.flash
+        self.flash, self.qk_norm = config.flash, config.qk_norm
         # queries for every head, keys and values for the (possibly fewer) K/V heads, in one matmul
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x, cache=None, attn_mask=None):
+    def forward(self, x, cache=None, attn_mask=None, rope=None):
         B, T, C = x.size()
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
+        if self.qk_norm:  # bounded attention logits whatever the weights grow to
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if rope is not None:  # before the cache: cached keys keep the rotation of their own position
+            q, k = rotate(q, *rope), rotate(k, *rope)
         # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
         mask, causal = None, True
         if attn_mask is not None:  # sequences packed in a row: which tokens each token sees
@@ -132,15 +145,36 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y)
 
 
+def rotate(x, cos, sin):
+    """Rotary position embedding: each pair (x1[i], x2[i]) of x (B, heads, T, hs) turned by its position's
+    angle; cos and sin (B or 1, 1, T, hs/2) come from GPT.rotary."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
+        # GPT-2: GELU's tanh approximation; relu2: ReLU squared (modded-nanogpt, nanochat)
+        self.act = ReLU2() if config.relu2 else nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class ReLU2(nn.Module):
+    def forward(self, x):
+        return F.relu(x).square()
+
+
+class RMSNorm(nn.Module):
+    """Parameter-free RMSNorm: x / rms(x), no gain, no bias."""
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),))
 
 
 class LayerNorm(nn.LayerNorm):
@@ -156,19 +190,19 @@ class LayerNorm(nn.LayerNorm):
 class Block(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd)
+        self.ln_1 = RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = LayerNorm(config.n_embd)
+        self.ln_2 = RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache=None, recompute=False, attn_mask=None):
+    def forward(self, x, cache=None, recompute=False, attn_mask=None, rope=None):
         if recompute:  # keep only x; run the block again in backward: activation memory for ~1/3 more compute
-            return checkpoint(self.residual, x, None, attn_mask, use_reentrant=False)
-        return self.residual(x, cache, attn_mask)
+            return checkpoint(self.residual, x, None, attn_mask, rope, use_reentrant=False)
+        return self.residual(x, cache, attn_mask, rope)
 
-    def residual(self, x, cache=None, attn_mask=None):
+    def residual(self, x, cache=None, attn_mask=None, rope=None):
         # pre-LayerNorm: the residual stream itself is never normalised
-        x = x + self.attn(self.ln_1(x), cache, attn_mask)
+        x = x + self.attn(self.ln_1(x), cache, attn_mask, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -215,18 +249,25 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            # rotary: positions enter the attention instead
+            **({} if config.rotary else dict(wpe=nn.Embedding(config.block_size, config.n_embd))),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd),
+            ln_f=RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd),
         ))
+        if config.rotary:  # the rotation frequencies of each pair of a head's dimensions (not saved)
+            half = config.head_dim // 2
+            self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half),
+                                 persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: one matrix embeds and un-embeds tokens
-        self.transformer.wte.weight = self.lm_head.weight
+        if not config.untied_head:  # weight tying: one matrix embeds and un-embeds tokens
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             # residual projections: each of the 2 per layer adds to the stream's variance
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
+            if config.zero_init and (name.endswith("c_proj.weight") or name == "lm_head.weight"):
+                nn.init.zeros_(p)  # each block starts as the identity; the untied head predicts uniform
 
     @staticmethod
     def _init_weights(module):
@@ -236,10 +277,13 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=False):
-        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the position
-        embeddings (a lookup, no FLOPs). wte stays in: as lm_head it is the biggest matmul."""
+        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the lookups (no FLOPs):
+        the position embeddings, and wte when lm_head is its own matrix (tied, it is the biggest matmul)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        if non_embedding:
+            n -= sum(m.weight.numel() for name, m in self.transformer.items()
+                     if name == "wpe" or (name == "wte" and self.config.untied_head))
+        return n
 
     def forward(self, idx, targets=None, cache=None, reduction="mean", pos=None, attn_mask=None,
                 select=None):
@@ -260,16 +304,27 @@ class GPT(nn.Module):
         if pos is None:
             pos = torch.arange(pos0, pos0 + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.embed(idx, pos)  # (B, T, C)
+        rope = self.rotary(pos) if self.config.rotary else None
         recompute = self.config.grad_checkpoint and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x, cache, recompute, attn_mask)
+            x = block(x, cache, recompute, attn_mask, rope)
         if cache is not None:
             cache.pos += T
         return self.head(x, targets, reduction, select)
 
     def embed(self, idx, pos):
-        """Token plus position embeddings of idx (B, T) at positions pos, (T,) or (B, T): (B, T, C)."""
+        """Token plus position embeddings of idx (B, T) at positions pos, (T,) or (B, T): (B, T, C). Rotary:
+        the token embeddings alone."""
+        if self.config.rotary:
+            return self.transformer.wte(idx)
         return self.transformer.wte(idx) + self.transformer.wpe(pos)
+
+    def rotary(self, pos):
+        """(cos, sin) of each position's angles for rotate(): (1 or B, 1, T, head_dim / 2), from pos (T,) or
+        (B, T)."""
+        angles = pos[..., None].float() * self.inv_freq  # (T, hs/2) or (B, T, hs/2)
+        angles = angles[None, None] if pos.dim() == 1 else angles[:, None]
+        return angles.cos(), angles.sin()
 
     def head(self, x, targets=None, reduction="mean", select=None):
         """The final LayerNorm, the logits (B, T, vocab_size), or (N, vocab_size) at the flat positions
@@ -390,6 +445,10 @@ class GPT(nn.Module):
             raise ValueError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
                              "multi-query / grouped-query attention, so this model cannot be saved in its "
                              "format")
+        modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
+        if modern:  # zero_init only changes where training starts
+            raise ValueError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no such "
+                             "option, so this model cannot be saved in its format")
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,

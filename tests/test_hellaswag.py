@@ -18,10 +18,13 @@ from tokenizer import get_encoding
 SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["gpt2", "modern"])
+def model(request):
+    """A tiny GPT-2, and one with the modern options (rotary positions take the packed rows' pos too;
+    zero_init aside: an untrained model that starts uniform answers the same for everything)."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+    modern = {name: True for name in GPTConfig.MODERN if name != "zero_init"} if request.param == "modern" else {}
+    return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, **modern)).eval()
 
 
 def test_render_and_masks():

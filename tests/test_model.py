@@ -72,12 +72,72 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
     assert muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
 
 
-@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3}])
+MODERN = {name: True for name in GPTConfig.MODERN}
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"n_kv_head": 2}, {"vocab_size": 1000, "n_layer": 3},
+                                MODERN, {"untied_head": True}, {"rotary": True}, {"rmsnorm": True}])
 def test_count_params_matches_module(kw):
     c = tiny(**kw)
     m = build(c)
     assert m.num_params() == count_params(c) == sum(p.numel() for p in set(m.parameters()))
-    assert m.num_params(non_embedding=True) == count_params(c, non_embedding=True) == m.num_params() - 32 * 32
+    lookups = (0 if c.rotary else 32 * 32) + (512 * 32 if c.untied_head else 0)  # wpe; wte when untied
+    assert m.num_params(non_embedding=True) == count_params(c, non_embedding=True) == m.num_params() - lookups
+
+
+def test_modern_options():
+    """Each option is what it says: no wpe with rotary, lm_head apart from wte, zero output projections, no
+    norm parameters, ReLU^2; the loss at init is uniform's (zero-init head); and Hugging Face GPT-2 cannot
+    express the model, so save_pretrained refuses it in one line."""
+    m = build(tiny(**MODERN))
+    names = {n for n, _ in m.named_parameters()}
+    assert "transformer.wpe.weight" not in names and not any(".ln_" in n for n in names)
+    assert m.lm_head.weight is not m.transformer.wte.weight and not m.lm_head.weight.any()
+    assert all(not p.any() for n, p in m.named_parameters() if n.endswith("c_proj.weight"))
+    x = torch.randint(0, 512, (2, 16))
+    _, loss = m(x, x)
+    assert abs(loss.item() - math.log(512)) < 1e-5
+    h = torch.randn(5)
+    assert torch.equal(m.transformer.h[0].mlp.act(h), torch.relu(h) ** 2)
+    with pytest.raises(ValueError, match="rotary=True, qk_norm=True, relu2=True, untied_head=True, "
+                                         "rmsnorm=True: Hugging Face GPT-2 has no such option"):
+        m.save_pretrained("/nonexistent")
+
+
+def trained_modern(seed=0):
+    """The modern options with weights moved off their zero init, so that every path matters."""
+    m = build(tiny(**MODERN), seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m
+
+
+def test_modern_kv_cache_equals_recompute():
+    m = trained_modern()
+    idx = torch.randint(0, 512, (3, 5))
+    cached = m.generate(idx, 40, top_k=1, use_cache=True)  # past block_size 32 too: the crop
+    assert torch.equal(cached, m.generate(idx, 40, top_k=1, use_cache=False))
+    assert len(set(cached[0, 5:].tolist())) > 1
+
+
+def test_modern_gradient_checkpointing_and_positions():
+    """grad_checkpoint gives the same loss and gradients; rotary positions are relative: a sequence scores
+    the same starting at position 0 or 7 (explicit pos), where learned positions would not."""
+    x = torch.randint(0, 512, (2, 16))
+    results = []
+    for flag in (False, True):
+        m = trained_modern()
+        m.config.grad_checkpoint = flag
+        _, loss = m.train()(x, x.roll(-1, 1))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (l0, g0), (l1, g1) = results
+    assert torch.equal(l0, l1) and all(torch.allclose(g0[n], g1[n], rtol=0, atol=1e-7) for n in g0)
+    m.eval()
+    logits, _ = m(x)
+    shifted, _ = m(x, pos=torch.arange(7, 23).expand(2, 16))
+    torch.testing.assert_close(logits, shifted, rtol=1e-4, atol=1e-4)
 
 
 def test_loss_at_init_is_uniform():
