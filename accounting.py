@@ -20,7 +20,7 @@ def count_params(config, non_embedding=False):
 def flops_per_token(config, T=None):
     """Training FLOPs per token, forward + backward (PaLM appendix B, as in nanoGPT's MFU):
         6·N             every weight does a multiply-add (2 FLOPs) forward and twice that backward,
-                        N = parameters without position embeddings (lm_head = wte counts);
+                        N = parameters without the lookups (position embeddings; wte if untied);
         + 12·L·H·Q·T    attention scores and weighted values: 2 matmuls of 2·Q·T FLOPs per head and
                         layer, times 3 for forward + backward (L layers, H query heads of size Q, context T).
     The causal mask halves the useful attention work; like everyone's MFU, we count the full square.

@@ -267,7 +267,7 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
             if config.zero_init and (name.endswith("c_proj.weight") or name == "lm_head.weight"):
-                nn.init.zeros_(p)  # each block starts as the identity; the untied head predicts uniform
+                nn.init.zeros_(p)  # blocks start as the identity; the untied head predicts uniform
 
     @staticmethod
     def _init_weights(module):
@@ -277,8 +277,9 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=False):
-        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the lookups (no FLOPs):
-        the position embeddings, and wte when lm_head is its own matrix (tied, it is the biggest matmul)."""
+        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the lookups (no
+        FLOPs): the position embeddings, and wte when lm_head is its own matrix (tied, it is the biggest
+        matmul)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= sum(m.weight.numel() for name, m in self.transformer.items()
@@ -447,8 +448,8 @@ class GPT(nn.Module):
                              "format")
         modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
         if modern:  # zero_init only changes where training starts
-            raise ValueError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no such "
-                             "option, so this model cannot be saved in its format")
+            raise ValueError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
+                             "such option, so this model cannot be saved in its format")
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,

@@ -23,7 +23,7 @@ def model(request):
     """A tiny GPT-2, and one with the modern options (rotary positions take the packed rows' pos too;
     zero_init aside: an untrained model that starts uniform answers the same for everything)."""
     torch.manual_seed(0)
-    modern = {name: True for name in GPTConfig.MODERN if name != "zero_init"} if request.param == "modern" else {}
+    modern = {name: request.param == "modern" for name in GPTConfig.MODERN if name != "zero_init"}
     return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, **modern)).eval()
 
 
