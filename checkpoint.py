@@ -121,8 +121,8 @@ def gather_state(model, optimizers):
                                                          get_optimizer_state_dict)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
-    # gathered, the tied matrix comes back twice: store it once, as unsharded
-    if "lm_head.weight" in model_state:
+    # gathered, the tied matrix comes back twice: store it once, as unsharded (an untied lm_head is its own)
+    if "lm_head.weight" in model_state and not model.config.untied_head:
         model_state["lm_head.weight"] = model_state["transformer.wte.weight"]
     return model_state, get_optimizer_state_dict(model, optimizers, options=options)
 
@@ -208,15 +208,18 @@ def hold_log_dir(log_dir, rt, create=False):
 # A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
 # stream (B and the number of processes may change: the loader continues at the same row), and the optimizer
 # with its weight decay (its saved state, param groups included, is restored as it was).
-SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
 FIXED = SHAPE + STREAM + ("optimizer", "weight_decay")
+# what a checkpoint written before a setting existed ran with
+BEFORE = {"recipe": "gpt2", **{name: False for name in GPTConfig.MODERN}}
 
 
 def resume_settings(saved, cfg, saved_world, world_size, log_dir):
     """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of a
     FIXED setting ends here with one message listing every difference and the two ways out; other changes are
     applied and noted."""
+    saved = {**BEFORE, **saved}
     fixed = [k for k in FIXED if saved[k] != cfg[k]]
     if fixed:
         raise SystemExit(f"error: the run in {log_dir} has "

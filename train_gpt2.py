@@ -47,6 +47,13 @@ n_layer = 12  # transformer blocks
 n_head = 12  # attention heads per block
 n_kv_head = 12  # key/value heads: n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
 n_embd = 768  # width of the residual stream
+recipe = "gpt2"  # gpt2 (GPT-2's model and AdamW) or modern: every option below on, Muon, max_lr 6e-3
+rotary = False  # rotary position embeddings on queries and keys instead of learned ones (no wpe)
+qk_norm = False  # queries and keys RMS-normalized per head
+relu2 = False  # MLP activation ReLU(x)^2 instead of GELU
+untied_head = False  # lm_head its own matrix instead of wte's
+zero_init = False  # output projections (attention, MLP, an untied lm_head) start at zero
+rmsnorm = False  # parameter-free RMSNorm instead of LayerNorm
 max_lr = 6e-4  # peak learning rate (GPT-3 small's)
 min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
@@ -79,6 +86,9 @@ seed = 1337  # initial weights, data order (shuffle) and samples
 CONFIG = {k: v for k, v in dict(globals()).items()
           if not k.startswith("_") and type(v) in (int, float, str, bool)}
 
+# --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False)
+RECIPES = {"gpt2": {}, "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon",
+                                  "max_lr": 6e-3}}
 PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
 SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
          for name, shape in GPT2_SIZES.items()}
@@ -153,16 +163,19 @@ def parse_overrides(argv, defaults):
     return overrides
 
 
-def apply_size(cfg, overrides):
-    """(cfg, overrides) with the size preset's settings, except those given on the command line. A preset
-    chosen on the command line counts as its settings given there (the CPU fallback keeps them)."""
-    if not cfg["size"]:
-        return cfg, overrides
-    if cfg["size"] not in SIZES:
+def apply_presets(cfg, overrides):
+    """(cfg, overrides) with the size preset's and then the recipe's settings, except those given on the
+    command line. A preset chosen on the command line counts as its settings given there (the CPU fallback
+    keeps them)."""
+    if cfg["size"] and cfg["size"] not in SIZES:
         raise SystemExit(f"error: --size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the "
                          f"settings n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
-    preset = {k: v for k, v in SIZES[cfg["size"]].items() if k not in overrides}
-    return {**cfg, **preset}, ({**overrides, **preset} if "size" in overrides else overrides)
+    if cfg["recipe"] not in RECIPES:
+        raise SystemExit(f"error: --recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
+    for name, presets in (("size", SIZES), ("recipe", RECIPES)):
+        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in overrides}
+        cfg, overrides = {**cfg, **preset}, ({**overrides, **preset} if name in overrides else overrides)
+    return cfg, overrides
 
 
 def apply_fallbacks(cfg, overrides, rt):
@@ -297,7 +310,8 @@ def build_model(cfg, resume):
             return GPT(GPTConfig(**{**resume.model_config, "grad_checkpoint": cfg["grad_checkpoint"]}))
         if cfg["init_from"] == "scratch":
             shape = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-            return GPT(GPTConfig(**{k: cfg[k] for k in shape}, grad_checkpoint=cfg["grad_checkpoint"]))
+            return GPT(GPTConfig(**{k: cfg[k] for k in shape + GPTConfig.MODERN},
+                                 grad_checkpoint=cfg["grad_checkpoint"]))
         model = load_model(cfg["init_from"])
         model.config = dataclasses.replace(model.config, grad_checkpoint=cfg["grad_checkpoint"])
         return model
@@ -491,7 +505,7 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
 def main(argv):
     """Train (or with eval_only, evaluate) as the settings and argv say; returns the process's exit status."""
     overrides = parse_overrides(argv, CONFIG)
-    cfg, overrides = apply_size({**CONFIG, **overrides}, overrides)
+    cfg, overrides = apply_presets({**CONFIG, **overrides}, overrides)
 
     # -------------------------------------------------------------------------------------- processes, device
     rt = runtime.processes(cfg["device"], cfg["dtype"])

@@ -34,12 +34,13 @@ DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a li
 
 
 @pytest.fixture(scope="session")
-def text(tmp_path_factory):
-    """~16k tokens of input.txt: enough for tiny runs, quick to tokenize."""
-    path = tmp_path_factory.mktemp("data") / "play.txt"
-    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
-        path.write_text(f.read(60_000), encoding="utf-8")
-    return str(path)
+def text(tmp_path_factory, worker_id):
+    """~16k tokens of input.txt: enough for tiny runs, quick to tokenize. One path for all test workers: the
+    shared reference runs name it as their data_root."""
+    def write(folder):
+        with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
+            (folder / "play.txt").write_text(f.read(60_000), encoding="utf-8")
+    return str(once(tmp_path_factory, worker_id, "data", write) / "play.txt")
 
 
 def run_args(text):
@@ -49,12 +50,30 @@ def run_args(text):
                    "--total_batch_size=512"]
 
 
+def once(tmp_path_factory, worker_id, name, make):
+    """A folder that make(folder) fills once per test session, however many test workers ask for it (each
+    pytest-xdist worker runs its own session): the first makes it, the others wait and read it."""
+    from filelock import FileLock
+    if worker_id == "master":  # no xdist
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, common to its workers
+    folder = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (folder / "done").exists():
+            folder.mkdir(exist_ok=True)
+            make(folder)
+            (folder / "done").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory, text):
+def reference(tmp_path_factory, worker_id, text):
     """run_args uninterrupted in one process: (losses, final weights, log_dir); copy the log_dir to change
-    it."""
-    d = tmp_path_factory.mktemp("ref")
-    train(run_args(text) + [f"--log_dir={d / 'log'}"], cwd=d)
+    it (the test workers share it)."""
+    d = once(tmp_path_factory, worker_id, "ref", lambda d: train(run_args(text) + [f"--log_dir={d / 'log'}"],
+                                                                   cwd=d))
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
@@ -62,10 +81,10 @@ MUON = ["--optimizer=muon", "--muon_lr=0.02"]
 
 
 @pytest.fixture(scope="session")
-def muon_reference(tmp_path_factory, text):
-    """run_args with Muon, uninterrupted in one process: its log_dir."""
-    d = tmp_path_factory.mktemp("muon")
-    train(run_args(text) + MUON + [f"--log_dir={d / 'log'}"], cwd=d)
+def muon_reference(tmp_path_factory, worker_id, text):
+    """run_args with Muon, uninterrupted in one process: its log_dir (the test workers share it)."""
+    d = once(tmp_path_factory, worker_id, "muon",
+             lambda d: train(run_args(text) + MUON + [f"--log_dir={d / 'log'}"], cwd=d))
     return d / "log"
 
 

@@ -18,12 +18,20 @@ from tokenizer import get_encoding
 SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
 
 
-@pytest.fixture(scope="module", params=["gpt2", "modern"])
-def model(request):
-    """A tiny GPT-2, and one with the modern options (rotary positions take the packed rows' pos too;
-    zero_init aside: an untrained model that starts uniform answers the same for everything)."""
+@pytest.fixture(scope="module")
+def model():
     torch.manual_seed(0)
-    modern = {name: request.param == "modern" for name in GPTConfig.MODERN if name != "zero_init"}
+    return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "modern"])
+def models(request, model):
+    """The tiny GPT-2, and one with the modern options (rotary positions take the packed rows' pos too;
+    zero_init aside: an untrained model that starts uniform answers the same for everything)."""
+    if request.param == "gpt2":
+        return model
+    torch.manual_seed(0)
+    modern = {name: True for name in GPTConfig.MODERN if name != "zero_init"}
     return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, **modern)).eval()
 
 
@@ -51,7 +59,8 @@ def test_ending_losses_are_masked_cross_entropy():
     assert torch.allclose(mean, torch.stack([expected[0] / 3, expected[1]]))
 
 
-def test_a_packed_row_scores_each_ending_as_its_own_row(model):
+def test_a_packed_row_scores_each_ending_as_its_own_row(models):
+    model = models
     """One row per example (the context once, then the 4 endings, each seeing the context and itself at the
     positions it has after the context; the head at the ending tokens only) gives each ending the summed
     cross-entropy its own row context + ending gives, also with an empty context (nothing predicts a row's
@@ -81,7 +90,8 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(model):
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
-def test_batched_equals_unbatched(model, batch_size):
+def test_batched_equals_unbatched(models, batch_size):
+    model = models
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
     ref = hellaswag.evaluate_unbatched(model, examples, "cpu")
     got = hellaswag.evaluate(model, examples, "cpu", batch_size=batch_size)

@@ -184,6 +184,29 @@ def test_muon_trains_and_resumes_exactly_after_sigkill(tmp_path, text, reference
     assert_one_line_error(r, "optimizer='muon' (now 'adamw')", "--optimizer=muon", "--log_dir=NEW")
 
 
+def test_modern_recipe_resumes_exactly_and_cannot_switch(tmp_path, text):
+    """--recipe=modern trains an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no
+    wpe) and the rest, with Muon: resumed from the step-4 checkpoint it ends with the uninterrupted run's
+    losses and weights bit for bit; a resume cannot switch the recipe back."""
+    args = run_args(text) + ["--recipe=modern", "--max_steps=6", "--eval_interval=6"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(args + [f"--log_dir={a}"], cwd=tmp_path)
+    ref = final_weights(a)
+    assert ref["model_config"]["untied_head"] and ref["model_config"]["rotary"] and ref["config"]["recipe"]
+    assert "transformer.wpe.weight" not in ref["model"] and "momentum_buffer" in str(ref["optimizer"])
+    assert not torch.equal(ref["model"]["lm_head.weight"], ref["model"]["transformer.wte.weight"])
+    shutil.copytree(a, b)
+    os.remove(b / "model_000006.pt")
+    r = train(args + [f"--log_dir={b}"], cwd=tmp_path)
+    assert f"resuming from {b}/model_000004.pt" in r.stdout
+    assert losses(b) == losses(a) and losses(a)[6] < losses(a)[1]
+    got = final_weights(b)["model"]
+    assert got.keys() == ref["model"].keys() and all(torch.equal(got[k], ref["model"][k]) for k in got)
+    with pytest.raises(SystemExit, match=r"recipe='modern' \(now 'gpt2'\), .*rotary=True \(now False\)"):
+        resume_settings(ref["config"], dict(train_gpt2.CONFIG, **{k: ref["config"][k] for k in ("B", "T")}),
+                        1, 1, str(b))
+
+
 @pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
 def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text, case):
     """Found while the model and data are built: a SystemExit with the one-line message (what the entry point
@@ -210,6 +233,7 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
 
 
 def test_resume_settings():
+    from model import GPTConfig
     saved = dict(train_gpt2.CONFIG, B=4, val_steps=2)
     cfg, notes = resume_settings(saved, dict(saved, B=2, max_lr=1e-3), 2, 2, "log")
     assert cfg["val_steps"] == 4 and cfg["max_lr"] == 1e-3
@@ -225,6 +249,11 @@ def test_resume_settings():
                        ("weight_decay", 0.0)]:
         with pytest.raises(SystemExit, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
             resume_settings(saved, dict(saved, **{key: value}), 1, 1, "log")
+    # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
+    old = {k: v for k, v in saved.items() if k != "recipe" and k not in GPTConfig.MODERN}
+    assert resume_settings(old, dict(saved), 1, 1, "log")[1] == []
+    with pytest.raises(SystemExit, match="untied_head=False \\(now True\\)"):
+        resume_settings(old, dict(saved, untied_head=True), 1, 1, "log")
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
@@ -269,10 +298,11 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
         train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
 
 
-def test_size_presets():
+def test_size_and_recipe_presets():
+    from model import GPTConfig
     from runtime import Runtime
-    cfg, overrides = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
-                                           {"size": "350M", "n_layer": 4})
+    cfg, overrides = train_gpt2.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
+                                              {"size": "350M", "n_layer": 4})
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
     assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
     # chosen on the command line: the CPU fallback keeps the preset's shape
@@ -280,12 +310,19 @@ def test_size_presets():
     cpu, _ = train_gpt2.apply_fallbacks(cfg, overrides, Runtime())
     assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
-        cfg, _ = train_gpt2.apply_size({**train_gpt2.CONFIG, "size": size}, {"size": size})
+        cfg, _ = train_gpt2.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": size})
         assert (cfg["n_layer"], cfg["n_embd"]) == (layers, width) and cfg["n_embd"] % cfg["n_head"] == 0
     # "": the settings as they are
-    assert train_gpt2.apply_size(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
+    assert train_gpt2.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
+    # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
+    cfg, overrides = train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
+                                              {"recipe": "modern", "rotary": False})
+    assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and overrides["max_lr"] == 6e-3
+    assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
+    assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
+    with pytest.raises(SystemExit, match="--recipe='new': use gpt2"):
+        train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
     from accounting import count_params  # the presets are GPT-2's sizes
-    from model import GPTConfig
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
                     "1558M": 1_557_611_200}.items():
         p = train_gpt2.SIZES[size]
