@@ -263,11 +263,10 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            # residual projections: each of the 2 per layer adds to the stream's variance
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
             if config.zero_init and (name.endswith("c_proj.weight") or name == "lm_head.weight"):
                 nn.init.zeros_(p)  # blocks start as the identity; the untied head predicts uniform
+            elif name.endswith("c_proj.weight"):  # residual projections: 2 a layer add to the variance
+                nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
 
     @staticmethod
     def _init_weights(module):

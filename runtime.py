@@ -255,7 +255,7 @@ def exit_process(status, wait=True):
     group down and exits without Python's interpreter shutdown. gloo's worker threads outlive
     destroy_process_group and may still be releasing the last collectives' tensors, which takes the GIL;
     during interpreter shutdown that aborts the process ("terminate called without an active exception":
-    1 run in 10 of a 2-process FSDP run on a busy CPU). Logs and checkpoints are closed by then."""
+    9 of 60 runs of a 2-process FSDP test on a busy CPU). Logs and checkpoints are closed by then."""
     if not dist.is_initialized():
         sys.exit(status)
     if wait:  # every rank ends at the same step; an error may have stopped this rank alone: no waiting

@@ -612,10 +612,11 @@ def main(argv):
 
 if __name__ == "__main__":
     try:
-        runtime.exit_process(main(sys.argv[1:]))  # every rank returns at the same step
+        status = main(sys.argv[1:])
     except SystemExit as e:  # an expected mistake, the same on every rank: said once per node, not per rank
         if not isinstance(e.code, str):  # --help
             raise
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(e.code, file=sys.stderr)
         runtime.exit_process(1, wait=False)
+    runtime.exit_process(status)  # every rank returns at the same step
