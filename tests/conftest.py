@@ -77,14 +77,15 @@ def reference(tmp_path_factory, worker_id, text):
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
-MUON = ["--optimizer=muon", "--muon_lr=0.02"]
+MODERN_RUN = ["--recipe=modern", "--muon_lr=0.02"]  # every model option, Muon for the block matrices
 
 
 @pytest.fixture(scope="session")
-def muon_reference(tmp_path_factory, worker_id, text):
-    """run_args with Muon, uninterrupted in one process: its log_dir (the test workers share it)."""
-    d = once(tmp_path_factory, worker_id, "muon",
-             lambda d: train(run_args(text) + MUON + [f"--log_dir={d / 'log'}"], cwd=d))
+def modern_reference(tmp_path_factory, worker_id, text):
+    """run_args with --recipe=modern (Muon), uninterrupted in one process: its log_dir (the test workers share
+    it)."""
+    d = once(tmp_path_factory, worker_id, "modern",
+             lambda d: train(run_args(text) + MODERN_RUN + [f"--log_dir={d / 'log'}"], cwd=d))
     return d / "log"
 
 

@@ -13,8 +13,8 @@ import torch
 
 import train_gpt2
 from checkpoint import checkpoints, resume_settings
-from conftest import (ENV, MUON, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps, losses,
-                      records, run_args, train)
+from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
+                      losses, records, run_args, train)
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -160,51 +160,37 @@ def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, text):
     assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
 
 
-def test_muon_trains_and_resumes_exactly_after_sigkill(tmp_path, text, reference, muon_reference):
-    """Muon (block matrices) + AdamW (the rest) with gradient accumulation: both optimizers' states are in the
-    checkpoint, so a SIGKILL and the same command again give the uninterrupted run's losses and weights bit
-    for bit; the log keeps one record per step. A resume cannot switch the optimizer back (one line)."""
-    ref = losses(muon_reference)
-    assert ref != reference[0] and ref[8] < ref[1]  # another optimizer than AdamW, and it learns
-    state = final_weights(muon_reference)["optimizer"]["state"]
+def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, reference, modern_reference):
+    """--recipe=modern: an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no wpe) and
+    the other options, with Muon (block matrices) + AdamW (the rest) and gradient accumulation. Both
+    optimizers' states are in the checkpoint, so a SIGKILL and the same command again give the uninterrupted
+    run's losses and weights bit for bit; the log keeps one record per step. A resume cannot switch the recipe
+    or the optimizer back (one line)."""
+    ref = losses(modern_reference)
+    assert ref != reference[0] and ref[8] < ref[1]  # another recipe than GPT-2's, and it learns
+    ckpt = final_weights(modern_reference)
+    state = ckpt["optimizer"]["state"]
     assert "momentum_buffer" in state["transformer.h.0.attn.c_attn.weight"]  # Muon's
-    assert "exp_avg" in state["transformer.wte.weight"] and "exp_avg" in state["transformer.h.0.ln_1.bias"]
+    assert all("exp_avg" in state[k] for k in ("transformer.wte.weight", "lm_head.weight",
+                                               "transformer.h.0.attn.c_attn.bias"))  # AdamW's
+    assert ckpt["model_config"]["untied_head"] and ckpt["model_config"]["rotary"]
+    assert "transformer.wpe.weight" not in ckpt["model"]
+    assert not torch.equal(ckpt["model"]["lm_head.weight"], ckpt["model"]["transformer.wte.weight"])
     log = str(tmp_path / "log")
-    code, _ = start_and_signal(run_args(text) + MUON + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
+    code, _ = start_and_signal(run_args(text) + MODERN_RUN + [f"--log_dir={log}"], tmp_path, log, 5,
+                               signal.SIGKILL)
     assert code == -signal.SIGKILL and 5 <= max(losses(log)) < 8  # killed part way
-    r = train(run_args(text) + MUON + [f"--log_dir={log}"], cwd=tmp_path)
+    r = train(run_args(text) + MODERN_RUN + [f"--log_dir={log}"], cwd=tmp_path)
     assert "resuming from" in r.stdout and "NOTE: dropped" in r.stdout  # the killed attempt's steps after it
     assert losses(log) == ref  # bitwise: floats compared exactly
     assert loss_steps(log) == list(range(1, 9))  # one record per step in the file itself
     starts = [rec for rec in records(log) if rec.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # the log was appended, not truncated
-    w, w_ref = final_weights(log)["model"], final_weights(muon_reference)["model"]
-    assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
-    r = train(run_args(text) + [f"--log_dir={log}", "--max_steps=9"], cwd=tmp_path, check=False)  # AdamW now
-    assert_one_line_error(r, "optimizer='muon' (now 'adamw')", "--optimizer=muon", "--log_dir=NEW")
-
-
-def test_modern_recipe_resumes_exactly_and_cannot_switch(tmp_path, text):
-    """--recipe=modern trains an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no
-    wpe) and the rest, with Muon: resumed from the step-4 checkpoint it ends with the uninterrupted run's
-    losses and weights bit for bit; a resume cannot switch the recipe back."""
-    args = run_args(text) + ["--recipe=modern", "--max_steps=6", "--eval_interval=6"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    train(args + [f"--log_dir={a}"], cwd=tmp_path)
-    ref = final_weights(a)
-    assert ref["model_config"]["untied_head"] and ref["model_config"]["rotary"] and ref["config"]["recipe"]
-    assert "transformer.wpe.weight" not in ref["model"] and "momentum_buffer" in str(ref["optimizer"])
-    assert not torch.equal(ref["model"]["lm_head.weight"], ref["model"]["transformer.wte.weight"])
-    shutil.copytree(a, b)
-    os.remove(b / "model_000006.pt")
-    r = train(args + [f"--log_dir={b}"], cwd=tmp_path)
-    assert f"resuming from {b}/model_000004.pt" in r.stdout
-    assert losses(b) == losses(a) and losses(a)[6] < losses(a)[1]
-    got = final_weights(b)["model"]
-    assert got.keys() == ref["model"].keys() and all(torch.equal(got[k], ref["model"][k]) for k in got)
-    with pytest.raises(SystemExit, match=r"recipe='modern' \(now 'gpt2'\), .*rotary=True \(now False\)"):
-        resume_settings(ref["config"], dict(train_gpt2.CONFIG, **{k: ref["config"][k] for k in ("B", "T")}),
-                        1, 1, str(b))
+    w, w_ref = final_weights(log)["model"], ckpt["model"]
+    assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w_ref)
+    r = train(run_args(text) + [f"--log_dir={log}", "--max_steps=9"], cwd=tmp_path, check=False)  # GPT-2's
+    assert_one_line_error(r, "recipe='modern' (now 'gpt2')", "optimizer='muon' (now 'adamw')",
+                          "--recipe=modern", "--optimizer=muon", "--log_dir=NEW")
 
 
 @pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
