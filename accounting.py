@@ -81,7 +81,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     ln_f, stays gathered from forward to backward; two blocks at a time, one of them prefetched; under
     autocast a block's parameters and gradients are gathered in the compute dtype and the gradients cast to
     fp32 for the reduction: 2 + 2 + 4 bytes). Then the only autocast weight copy is lm_head's.
-    Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack."""
+    Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack, what the
+    modern options (GPTConfig.MODERN) change in the activations (a few percent), Muon's smaller state."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
     a = 4 if dtype == "fp32" else 2  # bytes per activation in the compute dtype
@@ -94,7 +95,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     one, two = (count_params(dataclasses.replace(config, n_layer=n)) for n in (1, 2))
     block = two - one  # parameters of one Block
     root = N - L * block  # wte (= lm_head), wpe, ln_f
-    matrices = N - config.block_size * C - (4 * L + 2) * C  # what autocast casts: all but wpe and LayerNorms
+    # what autocast casts: all but the lookups (wpe; wte when lm_head is its own) and LayerNorms
+    matrices = count_params(config, non_embedding=True) - (0 if config.rmsnorm else (4 * L + 2) * C)
     parts = {
         "params": 4 * N / shards,
         "grads": 4 * N / shards,

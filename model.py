@@ -48,8 +48,9 @@ class GPTConfig:
     untied_head: bool = False  # lm_head its own matrix, not wte's
     zero_init: bool = False  # output projections (attention, MLP, an untied lm_head) start at zero
     rmsnorm: bool = False  # parameter-free RMSNorm instead of LayerNorm (gain and bias)
+    embed_norm: bool = False  # the token embeddings RMS-normalized before the first block
 
-    MODERN = ("rotary", "qk_norm", "relu2", "untied_head", "zero_init", "rmsnorm")
+    MODERN = ("rotary", "qk_norm", "relu2", "untied_head", "zero_init", "rmsnorm", "embed_norm")
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -313,11 +314,12 @@ class GPT(nn.Module):
         return self.head(x, targets, reduction, select)
 
     def embed(self, idx, pos):
-        """Token plus position embeddings of idx (B, T) at positions pos, (T,) or (B, T): (B, T, C). Rotary:
-        the token embeddings alone."""
-        if self.config.rotary:
-            return self.transformer.wte(idx)
-        return self.transformer.wte(idx) + self.transformer.wpe(pos)
+        """Token (normalized with embed_norm) plus position embeddings of idx (B, T) at positions pos, (T,) or
+        (B, T): (B, T, C). Rotary: the token embeddings alone."""
+        x = self.transformer.wte(idx)
+        if self.config.embed_norm:  # every token enters at the same scale, whatever its embedding's size
+            x = F.rms_norm(x, (x.size(-1),))
+        return x if self.config.rotary else x + self.transformer.wpe(pos)
 
     def rotary(self, pos):
         """(cos, sin) of each position's angles for rotate(): (1 or B, 1, T, head_dim / 2), from pos (T,) or

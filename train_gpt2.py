@@ -47,20 +47,23 @@ n_layer = 12  # transformer blocks
 n_head = 12  # attention heads per block
 n_kv_head = 12  # key/value heads: n_head for GPT-2; 1 for multi-query, a divisor of n_head for grouped-query
 n_embd = 768  # width of the residual stream
-recipe = "gpt2"  # gpt2 (GPT-2's model and AdamW) or modern: every option below on, Muon, max_lr 6e-3
+recipe = "gpt2"  # gpt2 (GPT-2's model and AdamW) or modern: the options below, Muon and its LRs (RECIPES)
 rotary = False  # rotary position embeddings on queries and keys instead of learned ones (no wpe)
 qk_norm = False  # queries and keys RMS-normalized per head
 relu2 = False  # MLP activation ReLU(x)^2 instead of GELU
 untied_head = False  # lm_head its own matrix instead of wte's
 zero_init = False  # output projections (attention, MLP, an untied lm_head) start at zero
 rmsnorm = False  # parameter-free RMSNorm instead of LayerNorm
+embed_norm = False  # the token embeddings RMS-normalized before the first block
 max_lr = 6e-4  # peak learning rate (GPT-3 small's)
 min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
 max_steps = 19073  # 19,073 x 524,288 tokens = 10B tokens: one epoch of edu_fineweb10B
 weight_decay = 0.1  # AdamW's, on matrices only (not biases, LayerNorms)
 optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: Muon for the blocks' matrices, AdamW for the rest
-muon_lr = 0.01  # optimizer=muon: the Muon matrices' peak learning rate (max_lr stays the AdamW parameters')
+muon_lr = 0.02  # optimizer=muon: the Muon matrices' peak learning rate, nanochat's (max_lr: the AdamW part's)
+embed_lr = 0.0  # wte's own peak learning rate (AdamW) for a 768-wide model, x sqrt(768/n_embd); 0: max_lr
+head_lr = 0.0  # the same for an untied lm_head
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
@@ -86,9 +89,10 @@ seed = 1337  # initial weights, data order (shuffle) and samples
 CONFIG = {k: v for k, v in dict(globals()).items()
           if not k.startswith("_") and type(v) in (int, float, str, bool)}
 
-# --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False)
+# --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
+# nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
 RECIPES = {"gpt2": {}, "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon",
-                                  "max_lr": 6e-3}}
+                                  "max_lr": 6e-3, "embed_lr": 0.004, "head_lr": 0.004}}
 PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
 SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
          for name, shape in GPT2_SIZES.items()}
@@ -578,9 +582,9 @@ def main(argv):
             if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
                 return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
             lr = get_lr(step, cfg)
-            for opt, peak_lr in zip(optimizers, peak_lrs):
-                for group in opt.param_groups:
-                    group["lr"] = get_lr(step, cfg, peak_lr)
+            for opt, peaks in zip(optimizers, peak_lrs):
+                for group, peak in zip(opt.param_groups, peaks):
+                    group["lr"] = get_lr(step, cfg, peak)
             scale = scaler.get_scale() if scaler.is_enabled() else None
             if not skipped:  # fp16 overflow: no optimizer steps (the scaler skips only the one that saw it)
                 for opt in optimizers:

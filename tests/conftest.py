@@ -77,7 +77,7 @@ def reference(tmp_path_factory, worker_id, text):
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
-MODERN_RUN = ["--recipe=modern", "--muon_lr=0.02"]  # every model option, Muon for the block matrices
+MODERN_RUN = ["--recipe=modern"]  # every model option, Muon for the block matrices
 
 
 @pytest.fixture(scope="session")

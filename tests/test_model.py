@@ -13,7 +13,7 @@ from accounting import count_params, flops_per_token, mfu, peak_flops, training_
 from conftest import ROOT, assert_one_line_error, script
 import model
 from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
-from optimizers import adamw, muon
+from optimizers import adamw, make_optimizers, muon
 
 
 def tiny(**kw):
@@ -72,6 +72,23 @@ def test_gpt2_124m_parameter_count_and_optimizer_groups():
     assert muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
 
 
+@pytest.mark.parametrize("untied", [True, False])
+def test_embedding_and_head_get_their_own_learning_rates(untied):
+    """embed_lr and head_lr: wte's and an untied lm_head's own AdamW groups, at the peak given for 768 wide x
+    sqrt(768 / n_embd) (nanochat's scaling); the rest at max_lr. A tied lm_head is wte: embed_lr's."""
+    m = GPT(tiny(untied_head=untied, n_embd=48))
+    cfg = dict(optimizer="muon", weight_decay=0.1, max_lr=6e-3, muon_lr=0.02, embed_lr=0.2, head_lr=0.004)
+    (muon_opt, muon_peaks), (adamw_opt, peaks) = make_optimizers(m, cfg, "cpu")
+    assert muon_peaks == [0.02] and peaks == [g["lr"] for g in adamw_opt.param_groups]
+    lr = {id(p): g["lr"] for g in adamw_opt.param_groups for p in g["params"]}
+    assert lr[id(m.transformer.wte.weight)] == pytest.approx(0.2 * 4)  # sqrt(768 / 48) = 4
+    assert lr[id(m.lm_head.weight)] == pytest.approx((0.004 if untied else 0.2) * 4)
+    rest = [p for n, p in m.named_parameters() if n.endswith("bias") or n == "transformer.wpe.weight"]
+    assert rest and all(lr[id(p)] == 6e-3 for p in rest)
+    (opt, peaks), = make_optimizers(m, {**cfg, "optimizer": "adamw", "embed_lr": 0.0, "head_lr": 0.0}, "cpu")
+    assert peaks == [6e-3, 6e-3]  # GPT-2's recipe: one peak, matrices decayed and the rest not
+
+
 MODERN = {name: True for name in GPTConfig.MODERN}
 
 
@@ -87,8 +104,8 @@ def test_count_params_matches_module(kw):
 
 def test_modern_options():
     """Each option is what it says: no wpe with rotary, lm_head apart from wte, zero output projections, no
-    norm parameters, ReLU^2; the loss at init is uniform's (zero-init head); and Hugging Face GPT-2 cannot
-    express the model, so save_pretrained refuses it in one line."""
+    norm parameters, ReLU^2, embeddings whose scale does not matter; the loss at init is uniform's (zero-init
+    head); and Hugging Face GPT-2 cannot express the model, so save_pretrained refuses it in one line."""
     m = build(tiny(**MODERN))
     names = {n for n, _ in m.named_parameters()}
     assert "transformer.wpe.weight" not in names and not any(".ln_" in n for n in names)
@@ -100,8 +117,16 @@ def test_modern_options():
     h = torch.randn(5)
     assert torch.equal(m.transformer.h[0].mlp.act(h), torch.relu(h) ** 2)
     with pytest.raises(ValueError, match="rotary=True, qk_norm=True, relu2=True, untied_head=True, "
-                                         "rmsnorm=True: Hugging Face GPT-2 has no such option"):
+                       "rmsnorm=True, embed_norm=True: Hugging Face GPT-2 has no such option"):
         m.save_pretrained("/nonexistent")
+    # embed_norm: what enters the first block does not depend on the embeddings' scale
+    m = trained_modern()
+    logits, _ = m.eval()(x)
+    with torch.no_grad():
+        m.transformer.wte.weight.mul_(3.0)
+    torch.testing.assert_close(m(x)[0], logits)
+    m.config.embed_norm = False
+    assert not torch.allclose(m(x)[0], logits, atol=1e-3)
 
 
 def trained_modern(seed=0):

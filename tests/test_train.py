@@ -174,6 +174,13 @@ def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, 
     assert all("exp_avg" in state[k] for k in ("transformer.wte.weight", "lm_head.weight",
                                                "transformer.h.0.attn.c_attn.bias"))  # AdamW's
     assert ckpt["model_config"]["untied_head"] and ckpt["model_config"]["rotary"]
+    # every AdamW group follows the schedule from its own peak: head_lr's (x sqrt(768 / n_embd)), max_lr's
+    lr = {name: g["lr"] for g in ckpt["optimizer"]["param_groups"] for name in g["params"]}
+    peak = {"lm_head.weight": 0.004 * (768 / ckpt["model_config"]["n_embd"]) ** 0.5,
+            "transformer.h.0.attn.c_attn.bias": 6e-3}
+    assert lr["lm_head.weight"] / lr["transformer.h.0.attn.c_attn.bias"] == pytest.approx(
+        peak["lm_head.weight"] / peak["transformer.h.0.attn.c_attn.bias"])
+    assert lr["lm_head.weight"] < peak["lm_head.weight"]  # the cosine's, not the peak
     assert "transformer.wpe.weight" not in ckpt["model"]
     assert not torch.equal(ckpt["model"]["lm_head.weight"], ckpt["model"]["transformer.wte.weight"])
     log = str(tmp_path / "log")
@@ -304,6 +311,7 @@ def test_size_and_recipe_presets():
     cfg, overrides = train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
                                               {"recipe": "modern", "rotary": False})
     assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and overrides["max_lr"] == 6e-3
+    assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
     with pytest.raises(SystemExit, match="--recipe='new': use gpt2"):

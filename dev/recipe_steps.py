@@ -1,0 +1,94 @@
+"""How many steps --recipe=modern needs to reach GPT-2's loss, on the CPU default (4 layers, 64 wide,
+input.txt): each configuration trains a full schedule (warmup and cosine) of N steps, and N is searched for
+the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
+of the modern recipe is turned off alone, at the modern recipe's N. Two runs at a time, one thread each.
+
+    python dev/recipe_steps.py                      # seeds 1337 and 42, ~25 min on 2 cores
+    python dev/recipe_steps.py --seeds 1337 --no-ablation
+"""
+import argparse
+import concurrent.futures
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from model import GPTConfig  # noqa: E402
+
+BASELINE_STEPS = 150  # the CPU default's schedule
+CONFIGS = {  # name: train_gpt2.py settings
+    "GPT-2, AdamW (the default)": (),
+    "GPT-2, Muon": ("--optimizer=muon",),
+    "--recipe=modern": ("--recipe=modern",),
+}
+# the ablation: the modern recipe without one change (its settings' GPT-2 values)
+WITHOUT = {name: (f"--{name}=False",) for name in GPTConfig.MODERN}
+WITHOUT |= {"Muon (AdamW for all)": ("--optimizer=adamw", "--max_lr=3e-3")}
+WITHOUT |= {f"{name} (max_lr's)": (f"--{name}=0",) for name in ("embed_lr", "head_lr")}
+
+
+@functools.cache  # the search and the table ask for some runs twice
+def val_loss(args, steps, seed):
+    """The validation loss after a full schedule of `steps` steps with settings args (a tuple)."""
+    with tempfile.TemporaryDirectory() as log_dir:
+        warmup = max(1, round(steps * 20 / BASELINE_STEPS))  # the CPU default's 20 of 150
+        cmd = [sys.executable, os.path.join(ROOT, "train_gpt2.py"), f"--max_steps={steps}",
+               f"--warmup_steps={warmup}", f"--eval_interval={steps}", f"--checkpoint_interval={steps}",
+               f"--seed={seed}", f"--log_dir={log_dir}", *args]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+            return [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r][-1]
+
+
+def steps_to(args, target, seed, low=10, high=BASELINE_STEPS, grain=5):
+    """The fewest steps (a multiple of grain) whose full schedule reaches target, by bisection (the final
+    loss falls as the schedule lengthens); None if even `high` does not."""
+    if val_loss(args, high, seed) > target:
+        return None
+    while high - low > grain:
+        mid = (low + high) // 2 // grain * grain
+        low, high = (low, mid) if val_loss(args, mid, seed) <= target else (mid, high)
+    return high
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 42])
+    parser.add_argument("--no-ablation", action="store_true")
+    opts = parser.parse_args()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        targets = dict(zip(opts.seeds, pool.map(lambda s: val_loss((), BASELINE_STEPS, s), opts.seeds)))
+        print(f"target: GPT-2's val loss after {BASELINE_STEPS} steps: "
+              + ", ".join(f"{v:.4f} (seed {s})" for s, v in targets.items()), flush=True)
+        jobs = {(name, s): pool.submit(steps_to, args, targets[s], s)
+                for name, args in CONFIGS.items() if args for s in opts.seeds}
+        print(f"\n| configuration | val loss at {BASELINE_STEPS} | steps to reach it |\n"
+              f"| --- | ---: | ---: |")
+        print(f"| {next(iter(CONFIGS))} | " + " / ".join(f"{targets[s]:.2f}" for s in opts.seeds)
+              + f" | {BASELINE_STEPS} |")
+        for name, args in CONFIGS.items():
+            if args:
+                steps = " / ".join(str(jobs[name, s].result()) for s in opts.seeds)  # (runs at 150 first)
+                losses = " / ".join(f"{val_loss(args, BASELINE_STEPS, s):.2f}" for s in opts.seeds)
+                print(f"| {name} | {losses} | {steps} |", flush=True)
+        if opts.no_ablation:
+            return
+        seed, modern = opts.seeds[0], CONFIGS["--recipe=modern"]
+        n = jobs["--recipe=modern", seed].result() or BASELINE_STEPS
+        losses = {name: pool.submit(val_loss, modern + args, n, seed) for name, args in WITHOUT.items()}
+        base = pool.submit(val_loss, modern, n, seed).result()
+        print(f"\nthe modern recipe without one change, {n} steps, seed {seed} (modern: {base:.4f})\n"
+              f"| without | val loss | change |\n| --- | ---: | ---: |")
+        for name, loss in losses.items():
+            print(f"| {name} | {loss.result():.4f} | {loss.result() - base:+.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
