@@ -582,9 +582,9 @@ def main(argv):
             if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
                 return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
             lr = get_lr(step, cfg)
-            for opt, peaks in zip(optimizers, peak_lrs):
-                for group, peak in zip(opt.param_groups, peaks):
-                    group["lr"] = get_lr(step, cfg, peak)
+            for opt, peaks in zip(optimizers, peak_lrs):  # each parameter group from its own peak
+                for group, group_peak in zip(opt.param_groups, peaks):
+                    group["lr"] = get_lr(step, cfg, group_peak)
             scale = scaler.get_scale() if scaler.is_enabled() else None
             if not skipped:  # fp16 overflow: no optimizer steps (the scaler skips only the one that saw it)
                 for opt in optimizers:

@@ -3,7 +3,7 @@ input.txt): each configuration trains a full schedule (warmup and cosine) of N s
 the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
 of the modern recipe is turned off alone, at the modern recipe's N. Two runs at a time, one thread each.
 
-    python dev/recipe_steps.py                      # seeds 1337 and 42, ~25 min on 2 cores
+    python dev/recipe_steps.py                      # seeds 1337 and 42, ~40 min on 2 cores
     python dev/recipe_steps.py --seeds 1337 --no-ablation
 """
 import argparse
@@ -27,7 +27,7 @@ CONFIGS = {  # name: train_gpt2.py settings
 }
 # the ablation: the modern recipe without one change (its settings' GPT-2 values)
 WITHOUT = {name: (f"--{name}=False",) for name in GPTConfig.MODERN}
-WITHOUT |= {"Muon (AdamW for all)": ("--optimizer=adamw", "--max_lr=3e-3")}
+WITHOUT |= {"Muon (AdamW at 3e-3 for the matrices)": ("--optimizer=adamw", "--max_lr=3e-3")}
 WITHOUT |= {f"{name} (max_lr's)": (f"--{name}=0",) for name in ("embed_lr", "head_lr")}
 
 
@@ -80,14 +80,16 @@ def main():
                 print(f"| {name} | {losses} | {steps} |", flush=True)
         if opts.no_ablation:
             return
-        seed, modern = opts.seeds[0], CONFIGS["--recipe=modern"]
-        n = jobs["--recipe=modern", seed].result() or BASELINE_STEPS
-        losses = {name: pool.submit(val_loss, modern + args, n, seed) for name, args in WITHOUT.items()}
-        base = pool.submit(val_loss, modern, n, seed).result()
-        print(f"\nthe modern recipe without one change, {n} steps, seed {seed} (modern: {base:.4f})\n"
-              f"| without | val loss | change |\n| --- | ---: | ---: |")
-        for name, loss in losses.items():
-            print(f"| {name} | {loss.result():.4f} | {loss.result() - base:+.4f} |", flush=True)
+        modern = CONFIGS["--recipe=modern"]
+        n = {s: jobs["--recipe=modern", s].result() or BASELINE_STEPS for s in opts.seeds}
+        changes = {(name, s): pool.submit(val_loss, modern + args, n[s], s)
+                   for name, args in WITHOUT.items() for s in opts.seeds}
+        print("\nthe modern recipe without one change, at the modern recipe's steps (val loss minus the modern "
+              "recipe's;\nseed " + " / ".join(f"{s}: {n[s]} steps, {val_loss(modern, n[s], s):.4f}" for s in n)
+              + ")\n| without | change |\n| --- | ---: |")
+        for name in WITHOUT:
+            print(f"| {name} | " + " / ".join(f"{changes[name, s].result() - val_loss(modern, n[s], s):+.2f}"
+                                               for s in opts.seeds) + " |", flush=True)
 
 
 if __name__ == "__main__":

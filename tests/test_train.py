@@ -177,7 +177,7 @@ def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, 
     # every AdamW group follows the schedule from its own peak: head_lr's (x sqrt(768 / n_embd)), max_lr's
     lr = {name: g["lr"] for g in ckpt["optimizer"]["param_groups"] for name in g["params"]}
     peak = {"lm_head.weight": 0.004 * (768 / ckpt["model_config"]["n_embd"]) ** 0.5,
-            "transformer.h.0.attn.c_attn.bias": 6e-3}
+            "transformer.h.0.attn.c_attn.bias": ckpt["config"]["max_lr"]}
     assert lr["lm_head.weight"] / lr["transformer.h.0.attn.c_attn.bias"] == pytest.approx(
         peak["lm_head.weight"] / peak["transformer.h.0.attn.c_attn.bias"])
     assert lr["lm_head.weight"] < peak["lm_head.weight"]  # the cosine's, not the peak
