@@ -85,8 +85,8 @@ def main():
         changes = {(name, s): pool.submit(val_loss, modern + args, n[s], s)
                    for name, args in WITHOUT.items() for s in opts.seeds}
         base = " / ".join(f"seed {s}: {n[s]} steps, {val_loss(modern, n[s], s):.4f}" for s in n)
-        print(f"\nthe modern recipe without one change, at its own steps (val loss minus the modern recipe's; "
-              f"{base})\n| without | change |\n| --- | ---: |")
+        print(f"\nthe modern recipe without one change, at its own steps (val loss minus the modern "
+              f"recipe's; {base})\n| without | change |\n| --- | ---: |")
         for name in WITHOUT:
             print(f"| {name} | " + " / ".join(f"{changes[name, s].result() - val_loss(modern, n[s], s):+.2f}"
                                                for s in opts.seeds) + " |", flush=True)
