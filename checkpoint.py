@@ -207,12 +207,13 @@ def hold_log_dir(log_dir, rt, create=False):
 
 # A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
 # stream (B and the number of processes may change: the loader continues at the same row), and the optimizer
-# with its weight decay (its saved state, param groups included, is restored as it was).
+# with its weight decay and the learning rates that set its parameter groups (its saved state, param groups
+# included, is restored as it was: another grouping would not fit it).
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
-FIXED = SHAPE + STREAM + ("optimizer", "weight_decay")
+FIXED = SHAPE + STREAM + ("optimizer", "weight_decay", "embed_lr", "head_lr")
 # what a checkpoint written before a setting existed ran with
-BEFORE = {"recipe": "gpt2", **{name: False for name in GPTConfig.MODERN}}
+BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
 
 
 def resume_settings(saved, cfg, saved_world, world_size, log_dir):

@@ -239,11 +239,12 @@ def test_resume_settings():
     assert cfg["val_steps"] == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
                        ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon"),
-                       ("weight_decay", 0.0)]:
+                       ("weight_decay", 0.0), ("head_lr", 0.004)]:
         with pytest.raises(SystemExit, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
             resume_settings(saved, dict(saved, **{key: value}), 1, 1, "log")
     # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
-    old = {k: v for k, v in saved.items() if k != "recipe" and k not in GPTConfig.MODERN}
+    old = {k: v for k, v in saved.items()
+           if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
     assert resume_settings(old, dict(saved), 1, 1, "log")[1] == []
     with pytest.raises(SystemExit, match="untied_head=False \\(now True\\)"):
         resume_settings(old, dict(saved, untied_head=True), 1, 1, "log")
