@@ -112,7 +112,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         if self.qk_norm:  # bounded attention logits whatever the weights grow to
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+            q, k = rms_norm(q), rms_norm(k)  # over each head's head_dim
         if rope is not None:  # before the cache: cached keys keep the rotation of their own position
             q, k = rotate(q, *rope), rotate(k, *rope)
         # not `T > 1`: under torch.compile with a dynamic T that bool would break the graph
@@ -171,11 +171,16 @@ class ReLU2(nn.Module):
         return F.relu(x).square()
 
 
+def rms_norm(x):
+    """Parameter-free RMSNorm over the last dimension: x / rms(x), no gain, no bias."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
 class RMSNorm(nn.Module):
-    """Parameter-free RMSNorm: x / rms(x), no gain, no bias."""
+    """rms_norm as a module, where a LayerNorm would be (ln_1, ln_2, ln_f)."""
 
     def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),))
+        return rms_norm(x)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -318,7 +323,7 @@ class GPT(nn.Module):
         (B, T): (B, T, C). Rotary: the token embeddings alone."""
         x = self.transformer.wte(idx)
         if self.config.embed_norm:  # every token enters at the same scale, whatever its embedding's size
-            x = F.rms_norm(x, (x.size(-1),))
+            x = rms_norm(x)
         return x if self.config.rotary else x + self.transformer.wpe(pos)
 
     def rotary(self, pos):

@@ -11,10 +11,10 @@ def adamw(params, weight_decay, lr, device_type, fused=None, lrs=None):
     lrs: {id(parameter): its own peak learning rate} (the embedding's, the head's), lr for the rest; each
     group's lr is its peak, which train_gpt2.py's schedule follows. fused=None uses the fused kernel on CUDA
     (bench.py turns it off to measure what it is worth)."""
-    groups = {}  # (peak lr, weight decay): parameters
+    groups, lrs = {}, lrs or {}  # groups: (peak lr, weight decay) -> parameters
     for p in params:
         if p.requires_grad:
-            key = ((lrs or {}).get(id(p), lr), weight_decay if p.dim() >= 2 else 0.0)
+            key = (lrs.get(id(p), lr), weight_decay if p.dim() >= 2 else 0.0)
             groups.setdefault(key, []).append(p)
     groups = [{"params": ps, "lr": group_lr, "weight_decay": wd} for (group_lr, wd), ps in groups.items()]
     # the fused kernel does the whole update in a few launches instead of several per tensor
@@ -40,9 +40,11 @@ def make_optimizers(model, cfg, device_type):
     peaks, given for a 768-wide model and scaled by sqrt(768 / n_embd), as nanochat does: the same step
     relative to a narrower model's weights."""
     width = (768 / model.config.n_embd) ** 0.5
-    lrs = {id(p): cfg[name] * width for p, name in
-           [(model.transformer.wte.weight, "embed_lr"), (model.lm_head.weight, "head_lr")]
-           if cfg[name] and (name == "embed_lr" or model.config.untied_head)}
+    lrs = {}  # id(parameter): its own peak
+    if cfg["embed_lr"]:
+        lrs[id(model.transformer.wte.weight)] = cfg["embed_lr"] * width
+    if cfg["head_lr"] and model.config.untied_head:  # tied, lm_head is wte: embed_lr's
+        lrs[id(model.lm_head.weight)] = cfg["head_lr"] * width
     if cfg["optimizer"] == "adamw":
         opts = [adamw(model.parameters(), cfg["weight_decay"], cfg["max_lr"], device_type, lrs=lrs)]
     else:
