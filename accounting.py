@@ -30,28 +30,42 @@ def flops_per_token(config, T=None):
     return 6 * count_params(config, non_embedding=True) + 12 * L * H * Q * T
 
 
-# Dense tensor-core peaks (no sparsity) from the vendors' datasheets, TFLOP/s: {name: (bf16, fp16)}, None
-# where bf16 is only emulated. GeForce cards: the rate with fp32 accumulation, which PyTorch's matmuls use
-# (half the advertised fp16-accumulate rate). A name matches as whole words; the most specific comes first.
-PEAK_TFLOPS = {
-    "H100 PCIe": (756, 756), "H100 NVL": (835, 835), "H100": (989, 989),  # H100 SXM: "H100 80GB HBM3"
-    "H200 NVL": (835, 835), "H200": (989, 989), "GH200": (989, 989), "A100": (312, 312),
-    "L40S": (362, 362), "L40": (181, 181), "L4": (121, 121), "A10": (125, 125),
-    "RTX 4090": (165, 165), "RTX 4060 Ti": (44, 44), "RTX 3090": (71, 71),  # GeForce
-    "V100-PCIE": (None, 112), "V100": (None, 125), "T4": (None, 65),  # no bf16 tensor cores: fp16 runs
+# Each GPU's dense tensor-core peaks (no sparsity) from the vendors' datasheets, TFLOP/s for bf16 and fp16
+# (None where bf16 is only emulated), and its memory bandwidth in TB/s (None where the name does not say
+# which memory it has). GeForce cards: the rate with fp32 accumulation, which PyTorch's matmuls use (half the
+# advertised fp16-accumulate rate). A name matches torch.cuda.get_device_name() as whole words; the most
+# specific comes first.
+GPUS = {
+    "H100 PCIe": (756, 756, 2.0), "H100 NVL": (835, 835, 3.9), "H100": (989, 989, 3.35),  # "H100 80GB HBM3"
+    "H200 NVL": (835, 835, 4.8), "H200": (989, 989, 4.8), "GH200": (989, 989, None),
+    "A100-SXM4-80GB": (312, 312, 2.039), "A100-SXM4-40GB": (312, 312, 1.555),
+    "A100 80GB PCIe": (312, 312, 1.935), "A100": (312, 312, None),
+    "L40S": (362, 362, 0.864), "L40": (181, 181, 0.864), "L4": (121, 121, 0.3), "A10": (125, 125, 0.6),
+    "RTX 4090": (165, 165, 1.008), "RTX 4060 Ti": (44, 44, 0.288), "RTX 3090": (71, 71, 0.936),  # GeForce
+    "V100-PCIE": (None, 112, 0.9), "V100": (None, 125, 0.9), "T4": (None, 65, 0.32),  # fp16 only
 }
 
 
+def gpu_spec(device_name):
+    """(bf16 TFLOP/s, fp16 TFLOP/s, memory TB/s) of a CUDA device by its torch.cuda.get_device_name(), or
+    None for a GPU not in GPUS."""
+    return next((spec for key, spec in GPUS.items()
+                 if re.search(rf"(?<!\w){re.escape(key)}(?!\w)", device_name)), None)
+
+
 def peak_flops(device_name, dtype="bf16"):
-    """Dense peak FLOP/s of a CUDA device (its torch.cuda.get_device_name()) for the compute dtype, bf16 or
-    fp16; None for an unknown device, bf16 where it is emulated, and fp32 (TF32 peaks are not tabled)."""
-    if dtype not in ("bf16", "fp16"):
+    """Dense peak FLOP/s of a CUDA device for the compute dtype, bf16 or fp16; None for an unknown device,
+    bf16 where it is emulated, and fp32 (TF32 peaks are not tabled)."""
+    spec = gpu_spec(device_name)
+    if dtype not in ("bf16", "fp16") or spec is None or spec[dtype == "fp16"] is None:
         return None
-    for key, tflops in PEAK_TFLOPS.items():
-        if re.search(rf"(?<!\w){re.escape(key)}(?!\w)", device_name):
-            peak = tflops[dtype == "fp16"]
-            return None if peak is None else peak * 1e12
-    return None
+    return spec[dtype == "fp16"] * 1e12
+
+
+def memory_bandwidth(device_name):
+    """Memory bandwidth of a CUDA device in bytes/s, or None where GPUS does not know it."""
+    spec = gpu_spec(device_name)
+    return None if spec is None or spec[2] is None else spec[2] * 1e12
 
 
 def mfu(config, tokens_per_sec, peak, T=None):

@@ -8,8 +8,8 @@
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
-timed over full training steps (forward, backward, clip, AdamW) on fixed random tokens, warm-up steps (and
-compiling) excluded, the GPU synchronised around each step, the median reported (a rung that runs out of
+timed over train_gpt2.py's own training step (make_train_step: forward, backward, clip, AdamW) on fixed random
+tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median reported (a rung that runs out of
 memory says so). Then: where the last rung's step time goes (torch.profiler: cross-entropy, attention,
 optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation, accounting.py's memory
 estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax kernel
@@ -24,6 +24,7 @@ on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under 
 """
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import os
 import re
@@ -35,10 +36,13 @@ import time
 import torch
 
 import gpu_check
-from accounting import count_params, flops_per_token, peak_flops, training_memory
+import runtime
+from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
+from errors import UserError
 from model import GPT, GPT2_SIZES, GPTConfig
-from optimizers import adamw
-from runtime import autocast, device_name, synchronize
+from optimizers import ROLES, make_optimizers
+from runtime import autocast, device_name, is_out_of_memory, synchronize
+from train_gpt2 import make_train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -48,12 +52,6 @@ BASE = {"tf32": False, "bf16": False, "compile": False, "flash": False, "vocab_s
 LABEL = {"fp32": "fp32, eager", "tf32": "+ TF32 matmuls", "bf16": "+ bf16 autocast",
          "compile": "+ torch.compile",
          "flash": "+ fused attention (SDPA)", "vocab": "+ vocab 50304", "fused": "+ fused AdamW"}
-PEAK_BANDWIDTH = {"H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H100": 3.35e12, "H200": 4.8e12,
-                  "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12}  # bytes/s, most specific name first
-
-
-def lookup(table, name):
-    return next((v for k, v in table.items() if k in name), None)
 
 
 def fmt_bytes(n):
@@ -65,26 +63,20 @@ def build(size, s, device):
     return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
 
 
-def training_step(size, s, B, T, device):
-    """A closure running one training step (forward, backward, clip, AdamW) with the settings s."""
+def training_step(size, s, B, T, rt):
+    """A closure running train_gpt2.py's training step (one micro-step: forward, backward, clip, AdamW) with
+    the rung's settings s, GPT-2's AdamW at 6e-4."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
     torch._dynamo.reset()  # each rung compiles afresh
-    model = build(size, s, device)
-    opt = adamw(model.parameters(), 0.1, 6e-4, device, fused=s["fused"])
-    step_model = torch.compile(model) if s["compile"] else model
-    amp = torch.autocast(device, dtype=torch.bfloat16) if s["bf16"] else contextlib.nullcontext()
-    x = torch.randint(0, 50257, (B, T), device=device)
-    y = torch.randint(0, 50257, (B, T), device=device)
-
-    def step():
-        with amp:
-            _, loss = step_model(x, y)
-        loss.backward()
-        with torch.profiler.record_function("optimizer"):  # a label for breakdown(); free when not profiling
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return step
+    rung = dataclasses.replace(rt, dtype="bf16" if s["bf16"] else "fp32")
+    model = build(size, s, rt.device)
+    opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
+    no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
+    step = make_train_step(torch.compile(model) if s["compile"] else model, model, opts, no_scaling,
+                           lambda last: contextlib.nullcontext(), rung, 1.0,
+                           chunked=rt.kind == "cpu" and not s["compile"])  # as train_gpt2.py decides it
+    batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
+    return lambda: step(batch)
 
 
 def time_steps(step, device, steps, warmup):
@@ -104,7 +96,8 @@ def time_steps(step, device, steps, warmup):
     return statistics.median(times), peak
 
 
-def ladder(size, B, T, device, steps, warmup, skip):
+def ladder(size, B, T, rt, steps, warmup, skip):
+    device = rt.kind
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
     lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |",
@@ -115,10 +108,11 @@ def ladder(size, B, T, device, steps, warmup, skip):
             continue
         s.update(switch)
         try:
-            step = training_step(size, s, B, T, device)
+            step = training_step(size, s, B, T, rt)
             dt, mem = time_steps(step, device, steps, warmup)
-        # early rungs need the most memory (fp32, a T x T matrix per head)
-        except torch.cuda.OutOfMemoryError:
+        except Exception as e:  # early rungs need the most memory (fp32, a T x T matrix per head)
+            if not is_out_of_memory(e):
+                raise
             step = dt = mem = prev = None
             lines.append(f"| {LABEL[name]} | out of memory at B={B} | | | | |")
             print(lines[-1], flush=True)
@@ -220,13 +214,14 @@ def breakdown(step, device, step_time, steps=3, trace=None):
     return lines
 
 
-def generation(size, device, prompt_len, new_tokens, batch):
+def generation(size, rt, prompt_len, new_tokens, batch):
     """Tokens/s of generate() with and without the KV-cache (greedy, so both produce the same tokens)."""
+    device = rt.device
     model = build(size, {"vocab_size": 50304, "flash": True}, device).eval()
     idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
     rates, outs = {}, {}
     for use_cache in (False, True):
-        with autocast(device):
+        with autocast(device, rt.dtype):
             model.generate(idx, 4, top_k=1, use_cache=use_cache)  # warm-up
             synchronize(device)
             t0 = time.perf_counter()
@@ -239,7 +234,7 @@ def generation(size, device, prompt_len, new_tokens, batch):
             f"({rates[True] / rates[False]:.1f}x; identical tokens: {same})"]
 
 
-def memory(size, s, B, T, device, compiled_peak):
+def memory(size, s, B, T, rt, compiled_peak):
     """accounting.py's estimate, which counts what eager autograd keeps, against the peak of an eager step
     with the last rung's settings (CUDA); the compiled rung's own peak differs (compile chooses what to
     save)."""
@@ -248,34 +243,37 @@ def memory(size, s, B, T, device, compiled_peak):
     parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in est.items() if k != "total")
     line = (f"memory at B={B}, T={T}: accounting.py estimate {fmt_bytes(est['total'])} ({parts}); "
             f"measured peak ")
-    if device != "cuda":
+    if rt.kind != "cuda":
         return [line + "n/a (CUDA only)"]
     try:
-        _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, device), device, 1, 1)
-    # compile can save memory: the compiled rung may fit where eager does not
-    except torch.cuda.OutOfMemoryError:
+        _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, rt), "cuda", 1, 1)
+    except Exception as e:  # compile can save memory: the compiled rung may fit where eager does not
+        if not is_out_of_memory(e):
+            raise
         return [line + f"of an eager step: out of memory at B={B}"]
     line += f"of an eager step {fmt_bytes(eager)} (estimate / measured = {est['total'] / eager:.2f})"
     return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if s["compile"] else "")]
 
 
-def largest_batch(size, s, T, start=1):
+def largest_batch(size, s, T, rt, start=1):
     """Doubles B from `start` until a training step runs out of GPU memory (eager: no compile per B); the
     last B that ran, or None."""
     s = {**s, "compile": False}
     best, B = None, start
     while B <= 1024:
         try:
-            time_steps(training_step(size, s, B, T, "cuda"), "cuda", 1, 1)
+            time_steps(training_step(size, s, B, T, rt), "cuda", 1, 1)
             best, B = B, B * 2
-        except torch.cuda.OutOfMemoryError:
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
             break
         finally:
             torch.cuda.empty_cache()
     return best
 
 
-def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
+def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None, rt=None):
     """accounting.py's memory estimate per GPU for each GPT-2 size, under DDP and under FSDP over `gpus` GPUs,
     and the largest micro-batch that fits each card by that estimate (within 90% of it: the rest is for the
     CUDA context, allocator slack and DDP's buckets). measure: settings to find the largest B on this GPU (one
@@ -298,7 +296,7 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None):
                f"{fmt_bytes(per['FSDP'][0])} | "
                + " | ".join(fits) + " |")
         if measure:
-            row += f" {largest_batch(dict(shape, block_size=config.block_size), measure, T)} |"
+            row += f" {largest_batch(dict(shape, block_size=config.block_size), measure, T, rt)} |"
         lines.append(row)
         if measure:  # slow: a line as soon as it is known
             print(row, flush=True)
@@ -310,7 +308,7 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     holds them: rows as long as an attention row at T=1024, and as long as a row of logits (50304), where one
     program's row no longer fits in registers. The Triton result is checked against torch.softmax first."""
     import fused_softmax
-    bw = lookup(PEAK_BANDWIDTH, torch.cuda.get_device_name()) if device == "cuda" else None
+    bw = memory_bandwidth(torch.cuda.get_device_name()) if device == "cuda" else None
     out = [f"softmax, fp32 (GB/s = 2 x bytes / time; memory bandwidth "
            f"{'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
     for rows, cols in shapes:
@@ -356,9 +354,8 @@ def main():
                         help="--gpu-check: HellaSwag jsonl for the training run "
                         "(default: examples cut from input.txt)")
     args = parser.parse_args()
-    cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        parser.error("--device cuda but torch sees no CUDA device")
+    rt = runtime.setup(args.device)
+    cuda = rt.kind == "cuda"
     skip = {s for s in args.skip.split(",") if s}
     if skip - {n for n, _ in RUNGS}:
         parser.error(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
@@ -369,7 +366,7 @@ def main():
     B = args.B or (16 if cuda else 4)
     T = args.T or (1024 if cuda else 64)
     steps, warmup = args.steps or (20 if cuda else 3), args.warmup or (5 if cuda else 1)
-    name = device_name(args.device)
+    name = device_name(rt.device)
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps "
@@ -377,7 +374,7 @@ def main():
     print("\n".join(report), flush=True)
     failed = 0
     if args.gpu_check:
-        results = gpu_check.run_checks(args.device, args.hellaswag_data)
+        results = gpu_check.run_checks(rt, args.hellaswag_data)
         failed = sum(not ok for _, ok, _ in results)
         lines = ["| check | result | detail |", "| --- | --- | --- |"]
         lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |"
@@ -386,22 +383,22 @@ def main():
         print("\n".join(lines), flush=True)
         report += lines
         args.out = args.out or "gpu_check.md"
-    lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, args.device, steps, warmup, skip)
+    lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, skip)
     report += lines + [""]
     print()
     if args.gpu_check:  # the checks and the ladder, nothing more
         return finish(report, args.out, failed)
     if last_step is not None:
-        extra = breakdown(last_step, args.device, last_dt, trace=args.trace) + [""]
+        extra = breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""]
         del last_step  # frees the last rung's model before the largest-batch search
         for line in extra:
             print(line, flush=True)
         report += extra
-    extra = generation(size, args.device, 8, 128 if cuda else 32, 4)
-    extra += memory(size, last_s, B, T, args.device, last_mem)
-    extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None) + [""]
+    extra = generation(size, rt, 8, 128 if cuda else 32, 4)
+    extra += memory(size, last_s, B, T, rt, last_mem)
+    extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]
     if cuda:
-        extra += softmax_bandwidth(args.device)
+        extra += softmax_bandwidth(rt.kind)
     else:
         extra += ["measured largest micro-batch and softmax kernel GB/s: CUDA only"]
     for line in extra:
@@ -420,4 +417,7 @@ def finish(report, out, failed):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        sys.exit(f"error: {e}")

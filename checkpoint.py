@@ -18,10 +18,11 @@ import time
 import torch
 
 from model import GPT, GPTConfig
-from runtime import broadcast_object, first_line, one_line_errors, print0
+from errors import UserError, first_line
+from runtime import broadcast_object, print0
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that is missing, damaged or not a train_gpt2.py checkpoint; the message is one line."""
 
 
@@ -70,8 +71,7 @@ def load_checkpoint(path):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
-        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read "
-                              f"({first_line(e, 120)})") from None
+        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e)})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_config", "checksum"} <= set(ckpt):
         raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model', 'model_config' or "
                               f"'checksum' entries)")
@@ -129,41 +129,40 @@ def gather_state(model, optimizers):
 
 def load_state(model, optimizers, ckpt, distributed):
     """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
-    Distributed, only rank 0 passes ckpt (the others pass None) and every rank must call it: rank 0
-    broadcasts."""
+    The optimizers keep their own hyperparameters (this run's settings and kernel choice: a CPU run's
+    checkpoint must not make a GPU's AdamW unfused); the checkpoint gives their state. Distributed, only rank
+    0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
     model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, model_state, options=options)
-    # load_state_dict also copies the saved param groups' kernel choice: a checkpoint of a CPU run would
-    # make a GPU's AdamW unfused. Keep this device's choice, with the step counts where its kernel reads them.
-    kernels = [[{k: g[k] for k in ("fused", "foreach", "capturable") if k in g} for g in opt.param_groups]
-               for opt in optimizers]
+    mine = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
     set_optimizer_state_dict(model, optimizers, optim_state, options=options)
-    for opt, groups in zip(optimizers, kernels):
-        for group, kernel in zip(opt.param_groups, groups):
-            group.update(kernel)
-            for p in group["params"] if kernel.get("fused") or kernel.get("capturable") else []:
+    for opt, groups in zip(optimizers, mine):
+        for group, own in zip(opt.param_groups, groups):
+            group.update(own)
+            for p in group["params"] if own.get("fused") or own.get("capturable") else []:  # where they read it
                 state = opt.state.get(p, {})
                 if torch.is_tensor(state.get("step")):
                     state["step"] = state["step"].to(p.device, torch.float32)
 
 
-def save_run(cfg, rt, step, model, optimizers, scaler, loader):
+def save_run(s, rt, step, model, optimizers, scaler, loader):
     """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP
-    all ranks gather) and delete all but the newest keep_checkpoints. Returns its name for messages."""
+    all ranks gather) and delete all but the newest keep_checkpoints of settings s. Returns its name for
+    messages."""
     model_state, optimizer_state = gather_state(model, optimizers)
     name = f"model_{step:06d}.pt"
     if rt.master:  # the loader's position is the same on every rank
-        path = os.path.join(cfg["log_dir"], name)
+        path = os.path.join(s.log_dir, name)
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
         save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
-                         "optimizer": optimizer_state, "step": step, "config": cfg,
+                         "optimizer": optimizer_state, "step": step, "config": dataclasses.asdict(s),
                          "world_size": rt.world_size, "dataloader": loader.state_dict(),
                          "scaler": scaler.state_dict(),
                          "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
-        for old in checkpoints(cfg["log_dir"])[:-cfg["keep_checkpoints"]]:
+        for old in checkpoints(s.log_dir)[:-s.keep_checkpoints]:
             os.remove(old)
         print0(f"checkpoint: {path}")
     return f"{name} (step {step})"
@@ -199,46 +198,43 @@ def hold_log_dir(log_dir, rt, create=False):
     if rt.distributed:
         other = broadcast_object(other)
     if other:
-        raise SystemExit(f"error: {log_dir} is in use by another run ({other}): wait for it to end or stop "
-                         f"it, or choose another --log_dir")
+        raise UserError(f"{log_dir} is in use by another run ({other}): wait for it to end or stop it, or "
+                        "choose another --log_dir")
 
 
 # ------------------------------------------------------------------------------------------------ resume
 
 # A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
-# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer
-# with its weight decay and the learning rates that set its parameter groups (its saved state, param groups
-# included, is restored as it was: another grouping would not fit it).
+# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
+# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
-FIXED = SHAPE + STREAM + ("optimizer", "weight_decay", "embed_lr", "head_lr")
+FIXED = SHAPE + STREAM + ("optimizer",)
 # what a checkpoint written before a setting existed ran with
 BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
 
 
-def resume_settings(saved, cfg, saved_world, world_size, log_dir):
-    """(cfg, notes) for continuing a run saved with settings `saved` by saved_world processes. A change of a
-    FIXED setting ends here with one message listing every difference and the two ways out; other changes are
-    applied and noted."""
-    saved = {**BEFORE, **saved}
-    fixed = [k for k in FIXED if saved[k] != cfg[k]]
+def resume_settings(saved, s, saved_world, world_size, log_dir):
+    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
+    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
+    are applied and noted."""
+    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
+    fixed = [k for k in FIXED if saved[k] != now[k]]
     if fixed:
-        raise SystemExit(f"error: the run in {log_dir} has "
-                         + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r})" for k in fixed)
-                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
-                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start "
-                         "a new one with --log_dir=NEW")
-    cfg, notes = dict(cfg), []
-    rows, saved_rows = cfg["B"] * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
-    same_val_steps = cfg["val_steps"] == saved["val_steps"]
+        raise UserError(f"the run in {log_dir} has "
+                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
+                        + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
+                        "new one with --log_dir=NEW")
+    rows, saved_rows = s.B * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
+    same_val_steps = s.val_steps == saved["val_steps"]
     if rows != saved_rows and same_val_steps and saved["val_steps"] * saved_rows % rows == 0:
-        cfg["val_steps"] = saved["val_steps"] * saved_rows // rows  # validate on the same rows as before
-    for k in cfg:
-        if k != "init_from" and k in saved and saved[k] != cfg[k]:
-            notes.append(f"{k} changed since the checkpoint: {saved[k]!r} -> {cfg[k]!r}")
+        s = dataclasses.replace(s, val_steps=saved["val_steps"] * saved_rows // rows)  # the same rows as before
+    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}"
+             for k, v in dataclasses.asdict(s).items() if k != "init_from" and k in saved and saved[k] != v]
     if saved_world != world_size:
         notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
-    return cfg, notes
+    return s, notes
 
 
 def truncate_log(path, step):
@@ -275,52 +271,58 @@ class Resume:
 
     def restore(self, model, optimizers, scaler, loader, rt):
         """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
+        roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
+        if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
+            raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
+                            f"{self.meta['roles']}, this code's {roles}): continue it with the code that wrote it, "
+                            f"or start from its weights with a fresh optimizer: --init_from={self.path} "
+                            f"--log_dir=NEW")
         load_state(model, optimizers, self.ckpt, rt.distributed)
         if scaler.is_enabled():  # fp16: continue with the loss scale it had reached
             scaler.load_state_dict(self.meta["scaler"])
         torch.set_rng_state(self.meta["rng"]["cpu"])
         if rt.kind == "cuda" and self.meta["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(self.meta["rng"]["cuda"])
-        with one_line_errors():  # the shards changed since the checkpoint
-            loader.load_state_dict(self.meta["dataloader"])
+        loader.load_state_dict(self.meta["dataloader"])  # a UserError if the shards changed since
         self.ckpt = None  # its tensors are copied into the model and optimizer
         return self.step
 
 
-def find_resume(cfg, overrides, rt, metrics_path):
-    """(cfg, Resume or None): whether this run continues the one in log_dir, decided before any model is
-    built. Checkpoints there make init_from=scratch a resume (unless scratch was asked for: refused); rank 0
-    reads the newest that verifies and shares the verdict; a finished run, or a change of a FIXED setting,
-    ends the run. A resume drops the metrics records the lost steps left."""
-    existing = checkpoints(cfg["log_dir"])
-    if cfg["eval_only"] and existing:
-        raise SystemExit(f"error: {cfg['log_dir']} holds a training run's checkpoints: give --eval_only=True "
-                         "a log_dir of its own (--log_dir=NEW)")
-    if cfg["init_from"] == "scratch" and existing:
-        if "init_from" in overrides:
-            raise SystemExit(f"error: {cfg['log_dir']} holds checkpoints of an earlier run; "
-                             "--init_from=resume continues it, or choose another --log_dir")
-        cfg = {**cfg, "init_from": "resume"}
-    if cfg["init_from"] != "resume":
-        return cfg, None
+def find_resume(s, given, rt, metrics_path):
+    """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
+    built. Checkpoints there make init_from=scratch a resume (unless --init_from=scratch was given: refused);
+    rank 0 reads the newest that verifies and shares the verdict; a finished run, or a change of a FIXED
+    setting, ends the run. A resume drops the metrics records the lost steps left."""
+    existing = checkpoints(s.log_dir)
+    if s.eval_only and existing:
+        raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
+    if s.init_from == "scratch" and existing:
+        if "init_from" in given:
+            raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues "
+                            "it, or choose another --log_dir")
+        s = dataclasses.replace(s, init_from="resume")
+    if s.init_from != "resume":
+        return s, None
     if not existing:
-        raise SystemExit(f"error: --init_from=resume but {cfg['log_dir']} holds no checkpoint (model_*.pt)")
+        raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
     ckpt, meta = None, None
     if rt.master:  # rank 0 reads and verifies; the others get the verdict, and the weights in restore()
         try:
-            path, ckpt = newest_valid(cfg["log_dir"], print0)
+            path, ckpt = newest_valid(s.log_dir, print0)
             meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
+            meta["roles"] = [g.get("role") for g in ckpt["optimizer"]["param_groups"]]
         except CheckpointError as e:
             meta = {"error": str(e)}
     if rt.distributed:
         meta = broadcast_object(meta)
     if "error" in meta:
-        raise SystemExit(f"error: {meta['error']}")
-    cfg, changes = resume_settings(meta["config"], cfg, meta["world_size"], rt.world_size, cfg["log_dir"])
-    if meta["step"] >= cfg["max_steps"]:
-        print0(f"the run in {cfg['log_dir']} is already finished at step {meta['step']} (max_steps="
-               f"{cfg['max_steps']}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
-        return cfg, Resume(meta, None, finished=True)
+        raise UserError(meta["error"])
+    s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
+    if meta["step"] >= s.max_steps:
+        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps={s.max_steps}): "
+               f"nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        return s, Resume(meta, None, finished=True)
     print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)")
     for change in changes:
         print0(f"NOTE: {change}")
@@ -329,4 +331,4 @@ def find_resume(cfg, overrides, rt, metrics_path):
         if dropped:
             print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
                    f"interrupted attempt's, redone now)")
-    return cfg, Resume(meta, ckpt)
+    return s, Resume(meta, ckpt)

@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from errors import UserError, first_line
+
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4
 
@@ -29,7 +31,7 @@ def to_uint16(tokens, where):
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
         bad = tokens.max() if tokens.max() >= 2**16 else tokens.min()
-        raise ValueError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at "
+        raise UserError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at "
                          "most 65,536 tokens (GPT-2 has 50,257)")
     return tokens.astype(np.uint16, copy=False)
 
@@ -57,20 +59,20 @@ def read_header(path):
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
     except FileNotFoundError:
-        raise FileNotFoundError(f"shard {path} does not exist") from None
+        raise UserError(f"shard {path} does not exist") from None
     if head.startswith(b"\x93NUMPY"):
-        raise ValueError(f"{path} is a .npy file (build-nanogpt's shard format) named .bin: name it .npy, "
+        raise UserError(f"{path} is a .npy file (build-nanogpt's shard format) named .bin: name it .npy, "
                          f"the loader reads those")
     header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
     if header.size < HEADER_INTS or header[0] != MAGIC:
-        raise ValueError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that "
+        raise UserError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that "
                          "made it, which writes damaged shards again")
     if header[1] != VERSION:
-        raise ValueError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
+        raise UserError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
                          f"re-create it with `python fineweb.py`")
     expected = HEADER_BYTES + 2 * int(header[2])
     if size != expected:
-        raise ValueError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} "
+        raise UserError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} "
                          "uint16 tokens): it is truncated or not uint16; rerun the fineweb.py command that "
                          "made it, which writes damaged shards again")
     return header
@@ -83,12 +85,12 @@ def load_shard(path):
         try:
             tokens = np.load(path, mmap_mode="r")
         except FileNotFoundError:
-            raise FileNotFoundError(f"shard {path} does not exist") from None
+            raise UserError(f"shard {path} does not exist") from None
         except (ValueError, OSError, EOFError) as e:  # not .npy, truncated, pickled objects
-            raise ValueError(f"{path} is not a readable .npy array ({e}): rerun the script that made it") \
-                from None
+            raise UserError(f"{path} is not a readable .npy array ({first_line(e)}): rerun the script that "
+                            "made it") from None
         if tokens.dtype != np.uint16 or tokens.ndim != 1:
-            raise ValueError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}; a token shard is "
+            raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}; a token shard is "
                              "one uint16 array (as build-nanogpt's fineweb.py writes): re-create it")
         return tokens
     n = int(read_header(path)[2])
@@ -97,14 +99,17 @@ def load_shard(path):
 
 def iter_jsonl(path):
     """(where, row) for each non-blank line of a .jsonl file; where is "path:line" for error messages."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                yield f"{path}:{lineno}", json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}:{lineno}: not UTF-8 text ({e.reason}): convert the file") from None
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                raise UserError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            yield f"{path}:{lineno}", row
 
 
 @functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
@@ -153,13 +158,13 @@ class DataLoaderLite:
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
             if rows < rows_per_step:
-                raise ValueError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
+                raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
                                  f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
                                  f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
                                  "(fineweb.py --shard_size)")
         self.tokens_total = sum(len(t) for _, t in self.shards)
-        # input tokens served per epoch
-        self.tokens_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard) * rows_per_step * T
+        self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches in one pass
+        self.tokens_per_epoch = self.steps_per_epoch * rows_per_step * T  # input tokens served per epoch
         self.reset()
 
     @staticmethod
@@ -169,19 +174,19 @@ class DataLoaderLite:
             cut = int(0.9 * len(tokens))
             return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
         if not os.path.isdir(data_root):
-            raise FileNotFoundError(f"data_root {data_root} does not exist: create shards with `python "
+            raise UserError(f"data_root {data_root} does not exist: create shards with `python "
                                     f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
                                     "such as input.txt")
         found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
                  + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
         if found[".bin"] and found[".npy"]:
             names = [os.path.basename(found[ext][0]) for ext in (".bin", ".npy")]
-            raise ValueError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
+            raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
                              "per folder; move one kind elsewhere")
         ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
         if not paths:
-            raise FileNotFoundError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
+            raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
                                     f"`python fineweb.py --out_dir {data_root}`")
         return [(p, load_shard(p)) for p in paths]
 
@@ -200,7 +205,7 @@ class DataLoaderLite:
         mine = self.state_dict()
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
-                raise ValueError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "
+                raise UserError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "
                                  f"loader has {key}={mine[key]!r}; an exact resume needs the same data and "
                                  "sequence length")
         self.epoch, self.shard, self.row = state["epoch"], state["shard"], state["row"]

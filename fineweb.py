@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_shard
+from errors import UserError, first_line
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
@@ -43,8 +45,12 @@ EMPTY = object()  # what next() gives for a corpus without documents
 
 def iter_file(path, text_field):
     if path.endswith(".txt"):  # a plain text file is one document; an empty one is none
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
+                            "it out of --input") from None
         if text:
             yield text
     elif path.endswith(".jsonl"):
@@ -54,18 +60,18 @@ def iter_file(path, text_field):
         import pyarrow.parquet as pq  # comes with datasets
         pf = pq.ParquetFile(path)
         if text_field not in pf.schema_arrow.names:
-            raise ValueError(f"{path} has no column {text_field!r} (columns: "
+            raise UserError(f"{path} has no column {text_field!r} (columns: "
                              f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             yield from batch.column(0).to_pylist()
     else:
-        raise ValueError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a "
+        raise UserError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a "
                          "folder of them, or a datasets.save_to_disk folder")
 
 
 def field(row, text_field, where):
     if text_field not in row:
-        raise ValueError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
+        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
     return row[text_field]
 
 
@@ -79,13 +85,12 @@ def iter_documents(input_path, text_field):
             logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
             ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
         except Exception as e:  # offline, no datasets package, Hub outage: the same way out
-            from runtime import first_line  # here: runtime imports torch, which fineweb.py needs nowhere else
-            raise OSError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub "
+            raise UserError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub "
                           f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
                           "files, a folder of them, or a datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
     if not os.path.exists(input_path):
-        raise FileNotFoundError(f"--input {input_path} does not exist")
+        raise UserError(f"--input {input_path} does not exist")
     if os.path.isfile(input_path):
         return iter_file(input_path, text_field)
     if any(os.path.exists(os.path.join(input_path, f)) for f in ("dataset_info.json", "dataset_dict.json")):
@@ -93,7 +98,7 @@ def iter_documents(input_path, text_field):
     everything = glob.glob(os.path.join(input_path, "**", "*"), recursive=True)
     files = sorted(p for p in everything if p.endswith(EXTENSIONS))
     if not files:
-        raise ValueError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
+        raise UserError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
                          f"datasets.save_to_disk folder")
     return (doc for p in files for doc in iter_file(p, text_field))
 
@@ -103,10 +108,10 @@ def iter_saved_dataset(path, text_field):
     ds = load_from_disk(path)
     if isinstance(ds, DatasetDict):
         if "train" not in ds:
-            raise ValueError(f"{path} is a DatasetDict without a 'train' split (splits: {', '.join(ds)})")
+            raise UserError(f"{path} is a DatasetDict without a 'train' split (splits: {', '.join(ds)})")
         ds = ds["train"]
     if text_field not in ds.column_names:
-        raise ValueError(f"{path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}): "
+        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}): "
                          f"pass --text_field")
     for batch in ds.iter(batch_size=1024):
         yield from batch[text_field]
@@ -122,7 +127,7 @@ def encode_batch(texts):
     arrays = []
     for text in texts:
         if not isinstance(text, str):
-            raise ValueError(f"a document's text is {type(text).__name__}, not str: check --text_field")
+            raise UserError(f"a document's text is {type(text).__name__}, not str: check --text_field")
         arrays += [eot, enc.encode_to_numpy(text, disallowed_special=())]  # = [eot] + encode_ordinary(text)
     lengths = np.array([len(a) for a in arrays[1::2]], dtype=np.int64) + 1
     return to_uint16(np.concatenate(arrays), "tokenizer output"), lengths
@@ -170,7 +175,7 @@ def complete_shards(out_dir, prefix, fingerprint):
         path = shard_name(out_dir, prefix, len(headers))
         try:
             header = read_header(path)
-        except ValueError:
+        except UserError:
             later = list(itertools.takewhile(os.path.exists, (shard_name(out_dir, prefix, i)
                                                               for i in itertools.count(len(headers)))))
             print(f"fineweb: {path} is damaged (wrong header or size): writing it and the {len(later) - 1} "
@@ -179,7 +184,7 @@ def complete_shards(out_dir, prefix, fingerprint):
                 os.remove(p)
             break
         if header[6] != fingerprint:
-            raise ValueError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
+            raise UserError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
                              f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
         headers.append(header)
     return headers
@@ -195,7 +200,7 @@ def foreign_shards(out_dir, prefix):
 def make_out_dir(out_dir):
     """Create out_dir (or take the existing one) and prove it writable, before any tokenizing."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
+        raise UserError(f"--out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     probe = os.path.join(out_dir, f".fineweb_write_test_{os.getpid()}")
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -203,20 +208,20 @@ def make_out_dir(out_dir):
             pass
         os.remove(probe)
     except OSError as e:
-        raise OSError(f"--out_dir {out_dir} cannot be created or written ({e.strerror}): choose another "
+        raise UserError(f"--out_dir {out_dir} cannot be created or written ({e.strerror}): choose another "
                       f"--out_dir") from None
 
 
 def refuse_mixing(out_dir, prefix):
     other = foreign_shards(out_dir, prefix) if os.path.isdir(out_dir) else []
     if other:
-        raise ValueError(f"{out_dir} already holds other shards ({os.path.basename(other[0])}, ...), which "
+        raise UserError(f"{out_dir} already holds other shards ({os.path.basename(other[0])}, ...), which "
                          f"the loader would mix with these: choose another --out_dir")
 
 
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     if shard_size < 1:
-        raise ValueError(f"--shard_size={shard_size} must be positive")
+        raise UserError(f"--shard_size={shard_size} must be positive")
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
@@ -227,7 +232,7 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     docs = iter_documents(input_path, text_field)  # a missing input or no network fails here, before out_dir
     first = next(docs, EMPTY)  # and a bad or empty first document too
     if first is EMPTY:
-        raise ValueError(f"the corpus {input_path or source} is empty: no documents to tokenize")
+        raise UserError(f"the corpus {input_path or source} is empty: no documents to tokenize")
     docs = itertools.chain([first], docs)
     created = not os.path.exists(out_dir)
     try:
@@ -274,7 +279,7 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
     bar.close()
     if index == 0:  # the whole corpus fits in one shard: 10% of it validates, the rest trains (not 0 shards)
         if fill < 2:
-            raise ValueError(f"the corpus is {fill} token: too small to split into validation and training")
+            raise UserError(f"the corpus is {fill} token: too small to split into validation and training")
         cut = max(1, fill // 10)
         i = int(np.searchsorted(doc_ends, cut, side="right"))  # the document holding token `cut`
         offset = cut - (doc_ends[i - 1] if i else 0)
@@ -297,7 +302,7 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
     the cache is on another file system): a partial or damaged file never stands there. Complete shards in
     out_dir are skipped without asking the Hub."""
     if not 1 <= shards <= PRETOKENIZED_TRAIN:
-        raise ValueError(f"--shards={shards}: {PRETOKENIZED} has train shards 1 to {PRETOKENIZED_TRAIN}")
+        raise UserError(f"--shards={shards}: {PRETOKENIZED} has train shards 1 to {PRETOKENIZED_TRAIN}")
     refuse_mixing(out_dir, PRETOKENIZED_PREFIX)
     names = [os.path.basename(shard_name(out_dir, PRETOKENIZED_PREFIX, i)) for i in range(shards + 1)]
     todo = [name for name in names if not whole(os.path.join(out_dir, name))]
@@ -307,9 +312,9 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise OSError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
+        raise UserError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
                       "requirements.txt)") from None
-    from runtime import first_line, hub_online  # here: fineweb.py needs no torch otherwise
+    from runtime import hub_online  # here: runtime imports torch, which fineweb.py needs nowhere else
     online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
     new = not os.path.exists(out_dir)
     make_out_dir(out_dir)
@@ -320,10 +325,10 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
         except Exception as e:  # offline, no such file, Hub outage: the same way out
             if new and not os.listdir(out_dir):  # nothing left behind by a run that got nothing
                 os.rmdir(out_dir)
-            raise OSError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
+            raise UserError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
                           f"internet, tokenize local files with --input instead") from None
         if not whole(cached):
-            raise ValueError(f"the downloaded {name} is not a whole token shard (wrong header or size): "
+            raise UserError(f"the downloaded {name} is not a whole token shard (wrong header or size): "
                              f"delete {os.path.realpath(cached)} (the Hugging Face cache's copy) and rerun")
         place(cached, os.path.join(out_dir, name))
     print(f"fineweb: {len(names)} shards ({names[0]} + {len(names) - 1} train) in {out_dir}")
@@ -334,7 +339,7 @@ def whole(path):
     try:
         read_header(path)
         return True
-    except (OSError, ValueError):
+    except UserError:
         return False
 
 
@@ -374,5 +379,5 @@ if __name__ == "__main__":
             download(args.out_dir, args.shards)
         else:
             main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+    except UserError as e:
+        sys.exit(f"error: {e}")

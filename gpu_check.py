@@ -37,20 +37,21 @@ def attention_backends(ops):
     return bool(names) and not math, names + (["math"] if math else [])
 
 
-def check_attention(device):
-    """(ok, detail): the attention a training step under the device's autocast really runs, by torch.profiler:
-    a fused SDPA backend (flash, cuDNN or memory-efficient), not the math fallback; named in the detail."""
+def check_attention(rt):
+    """(ok, detail): the attention a training step under the runtime's autocast really runs, by
+    torch.profiler: a fused SDPA backend (flash, cuDNN or memory-efficient), not the math fallback; named in
+    the detail."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(device)
-    x = torch.randint(0, 50257, (4, 256), device=device)
-    cuda = device == "cuda"
+    model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(rt.device)
+    x = torch.randint(0, 50257, (4, 256), device=rt.device)
+    cuda = rt.kind == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        with autocast(device):
+        with autocast(rt.device, rt.dtype):
             _, loss = model(x, x)
         loss.backward()
-        synchronize(device)
+        synchronize(rt.device)
     events = prof.events()
     ops = sorted({e.name for e in events if e.name.startswith("aten::_scaled_dot_product")})
     on_gpu = [e.name for e in events if e.device_type == DeviceType.CUDA]
@@ -158,12 +159,12 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
     return results
 
 
-def run_checks(device, hellaswag_data=None):
-    """Every check's (check, ok, detail), in the order of the report."""
-    results = [("fused attention", *check_attention(device))]
-    results.append(("Triton softmax", *check_softmax()) if device == "cuda" else
+def run_checks(rt, hellaswag_data=None):
+    """Every check's (check, ok, detail), in the order of the report, on rt's device (runtime.setup)."""
+    results = [("fused attention", *check_attention(rt))]
+    results.append(("Triton softmax", *check_softmax()) if rt.kind == "cuda" else
                    ("Triton softmax", True,
                     "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))
     with tempfile.TemporaryDirectory() as work_dir:
-        results += check_training_run(device, work_dir, hellaswag_data)
+        results += check_training_run(rt.kind, work_dir, hellaswag_data)
     return results

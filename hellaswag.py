@@ -12,6 +12,7 @@ evaluate() is the one implementation, used by this script and by train_gpt2.py.
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -19,8 +20,10 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+import runtime
 from dataloader import iter_jsonl
-from runtime import autocast, exit_process, first_line, hub_online, one_line_errors, pick_device
+from errors import UserError, first_line
+from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
@@ -35,11 +38,11 @@ def normalize(example, where):
     try:
         ctx, endings, label = example["ctx"], list(example["endings"]), int(example["label"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{where}: not a HellaSwag example (needs ctx, endings and an integer "
+        raise UserError(f"{where}: not a HellaSwag example (needs ctx, endings and an integer "
                          f"label): {e!r}") from None
     if not isinstance(ctx, str) or len(endings) != 4 or not all(isinstance(e, str) for e in endings) \
             or not 0 <= label < 4:
-        raise ValueError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label "
+        raise UserError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label "
                          "0-3)")
     return {"ctx": ctx, "endings": endings, "label": label}
 
@@ -51,11 +54,11 @@ def download(cache_dir):
     try:
         from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
     except ImportError:
-        raise OSError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
+        raise UserError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
                       "pass a local copy of hellaswag_val.jsonl with --data") from None
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
-        raise OSError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass a "
+        raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass a "
                       "local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data")
     os.makedirs(cache_dir, exist_ok=True)
     with FileLock(path + ".lock"):  # released on exit, also if this process dies
@@ -65,7 +68,7 @@ def download(cache_dir):
                 from datasets import load_dataset
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
-                raise OSError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
+                raise UserError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
                               "of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
@@ -88,11 +91,11 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
     elif os.path.isfile(path):
         examples = [normalize(row, where) for where, row in iter_jsonl(path)]
     else:
-        raise FileNotFoundError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
+        raise UserError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
                                 "folder, or leave --data out to download it")
     examples = examples[:limit] if limit is not None else examples
     if not examples:
-        raise ValueError(f"no HellaSwag examples selected from {path} (limit={limit})")
+        raise UserError(f"no HellaSwag examples selected from {path} (limit={limit})")
     return examples
 
 
@@ -154,24 +157,26 @@ def collate(packed, rows, device):
 
 
 @torch.no_grad()
-def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progress=False, dtype="auto"):
-    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on examples.
+def evaluate(model, examples, rt, batch_size=16, progress=False):
+    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on examples, on the
+    device and in the dtype of rt (a runtime.Runtime).
 
     Each example is one row: its context once, then its 4 endings, each seeing the context and itself
     (pack), so the context goes through the model once, not 4 times; the head and the cross-entropy run at
     the ending tokens only (select). batch_size examples a forward, sorted by length, padded to (batch_size,
-    multiple of 8 tokens). Rank r of world_size scores examples r, r + world_size, ...; with
-    torch.distributed initialised the counts are summed over ranks (one all-reduce at the end). Every rank
+    multiple of 8 tokens). Rank r of world_size scores examples r, r + world_size, ...; under torchrun the
+    counts are summed over ranks (one all-reduce at the end). Every rank
     runs the same number of forwards (under FSDP each one is collective): a rank with fewer examples runs a
     padding batch it does not count.
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
-    enc = get_encoding()
-    mine = [(i, pack(examples[i], enc), examples[i]["label"]) for i in range(rank, len(examples), world_size)]
+    enc, device = get_encoding(), rt.device
+    mine = [(i, pack(examples[i], enc), examples[i]["label"])
+            for i in range(rt.rank, len(examples), rt.world_size)]
     mine.sort(key=lambda item: len(item[1][0]))
     pad = ([0] * BUCKET, [0] * BUCKET, [-2] * BUCKET, np.zeros((2, 3), dtype=np.int64))  # scores 2 tokens
     predictions = []
     counts = torch.zeros(3, dtype=torch.long, device=device)  # n, correct (sum), correct (mean)
-    most = -(-len(examples) // world_size)  # examples of the rank with the most
+    most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
     for start in tqdm(range(0, most, batch_size), desc="hellaswag", unit="batch", disable=not progress):
         batch = mine[start:start + batch_size]
         packed = [p for _, p, _ in batch] or [pad]
@@ -180,7 +185,7 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
         # instead of one for the first length and a second, general one at the next (eager: no effect)
         for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))):
             torch._dynamo.maybe_mark_dynamic(t, dims)
-        with autocast(device, dtype):
+        with autocast(device, rt.dtype):
             logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
         if not batch:  # this rank is done, but another still runs a (collective) forward
             continue
@@ -193,23 +198,23 @@ def evaluate(model, examples, device, batch_size=16, rank=0, world_size=1, progr
         counts += torch.stack([torch.tensor(n, device=device), (pred_sum == labels).sum(),
                                (pred_mean == labels).sum()])
         predictions += zip([i for i, _, _ in batch], pred_sum.tolist(), pred_mean.tolist())
-    if world_size > 1 and torch.distributed.is_initialized():
+    if rt.distributed:
         torch.distributed.all_reduce(counts)
     n, correct, correct_norm = counts.tolist()
     return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": sorted(predictions)}
 
 
 @torch.no_grad()
-def evaluate_unbatched(model, examples, device, progress=False, dtype="auto"):
+def evaluate_unbatched(model, examples, rt, progress=False):
     """The plain reference: one example (its 4 rows, no padding) per forward. Same results as evaluate()."""
     enc = get_encoding()
     predictions = []
     for i, example in enumerate(tqdm(examples, desc="hellaswag", unit="ex", disable=not progress)):
         rows, masks = render(example, enc)
         T = max(len(r) for r in rows)
-        tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=device)
-        mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float, device=device)
-        with autocast(device, dtype):
+        tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=rt.device)
+        mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float, device=rt.device)
+        with autocast(rt.device, rt.dtype):
             logits, _ = model(tokens)
         total, mean = ending_losses(logits, tokens, mask)
         predictions.append((i, total.argmin().item(), mean.argmin().item()))
@@ -240,36 +245,29 @@ def main():
         parser.error(f"--batch_size={args.batch_size} must be >= 1")
 
     from checkpoint import load_model
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    with one_line_errors():
-        device = pick_device(args.device)
-    if world_size > 1:  # launched by torchrun
-        import torch.distributed as dist
-        if device.startswith("cuda"):
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    with one_line_errors():  # a missing or damaged file, no network
-        examples = load_examples(args.data, args.limit)
-        model = load_model(args.model).to(device).eval()
-    if device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-
+    rt = runtime.setup(args.device)  # under torchrun: its process group, each rank a GPU of its own
+    if args.unbatched and rt.distributed:
+        parser.error("--unbatched runs in one process")
+    examples = load_examples(args.data, args.limit)
+    model = load_model(args.model).to(rt.device).eval()
     t0 = time.time()
     if args.unbatched:
-        if world_size > 1:
-            parser.error("--unbatched runs in one process")
-        result = evaluate_unbatched(model, examples, device, progress=True)
+        result = evaluate_unbatched(model, examples, rt, progress=True)
     else:
-        batch_size = args.batch_size or (64 if device.startswith("cuda") else 8)
-        result = evaluate(model, examples, device, batch_size, rank, world_size, progress=rank == 0)
+        batch_size = args.batch_size or (64 if rt.kind == "cuda" else 8)
+        result = evaluate(model, examples, rt, batch_size, progress=rt.master)
     dt = time.time() - t0
-    if rank == 0:
+    if rt.master:
         print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "
               f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s")
-    if world_size > 1:
-        exit_process(0)  # every rank, after the last collective: also takes the process group down
+    if rt.distributed:
+        runtime.exit_process(0)  # every rank, after the last collective: also takes the process group down
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:  # the same on every rank: said once per node
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        runtime.exit_process(1, wait=False)

@@ -15,7 +15,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from runtime import first_line, hub_online
+from errors import UserError, first_line
+from runtime import hub_online
 
 # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
 GPT2_VOCAB = 50257
@@ -57,12 +58,12 @@ class GPTConfig:
             self.n_kv_head = self.n_head
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r} must be a positive integer")
+                raise UserError(f"{name}={getattr(self, name)!r} must be a positive integer")
         if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
+            raise UserError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
                              f"(head size = n_embd / n_head)")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"GPTConfig.n_head={self.n_head} must be divisible by "
+            raise UserError(f"n_head={self.n_head} must be divisible by "
                              f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
                              "heads)")
 
@@ -89,9 +90,6 @@ class KVCache:
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def nbytes(self):
-        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
 
 
 class CausalSelfAttention(nn.Module):
@@ -218,7 +216,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
     (vocab_size, C), targets (N,), scratch (>= CHUNK, vocab_size) -> the loss. The plain way allocates four
     (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128); on a CPU each is a fresh mmap that
     the kernel zero-fills page by page, half of a step's time. GPUs keep freed memory in PyTorch's caching
-    allocator and take the plain way, which torch.compile fuses."""
+    allocator and take the plain way, which torch.compile fuses (this Function does not compile)."""
     CHUNK = 1024  # rows: large matmuls, and a 206 MB scratch whatever B and T are
 
     @staticmethod
@@ -236,7 +234,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
                 lse = torch.logsumexp(logits, dim=1)
                 loss += ((lse - logits.gather(1, tc[:, None]).squeeze(1)) * counted).sum()
                 probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                probs[torch.arange(len(tc)), tc] -= 1  # d(token's loss)/d(logits) = softmax - one-hot
+                probs[torch.arange(len(tc), device=tc.device), tc] -= 1  # d(token's loss)/d(logits) = softmax - one-hot
                 probs.mul_(counted[:, None] / count)
                 grad_x[i:i + ChunkedHeadLoss.CHUNK] = probs @ w
                 grad_w.addmm_(probs.t(), xc)
@@ -292,15 +290,15 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx, targets=None, cache=None, reduction="mean", pos=None, attn_mask=None,
-                select=None):
+                select=None, chunked=False):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean cross-entropy
         (targets of -1 are ignored), or with reduction="none" each token's, (B*T,). With a KVCache, idx holds
         only the tokens after those already cached.
         Several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) pass pos
         (B, T), each token's position, and attn_mask (B, T, T), which tokens each token attends to. select
         (N,) keeps only those flat positions (b * T + t) for the head: logits (N, vocab_size), targets
-        (N,). Training on a CPU (train mode, gradients on, the mean loss, eager) returns no logits: the loss
-        and its gradients come from ChunkedHeadLoss."""
+        (N,). chunked=True (with targets): the mean loss by ChunkedHeadLoss, which also computes its gradients,
+        and no logits: (None, loss). train_gpt2.py trains that way on a CPU."""
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
@@ -316,7 +314,7 @@ class GPT(nn.Module):
             x = block(x, cache, recompute, attn_mask, rope)
         if cache is not None:
             cache.pos += T
-        return self.head(x, targets, reduction, select)
+        return self.head(x, targets, reduction, select, chunked)
 
     def embed(self, idx, pos):
         """Token (normalized with embed_norm) plus position embeddings of idx (B, T) at positions pos, (T,) or
@@ -333,15 +331,16 @@ class GPT(nn.Module):
         angles = angles[None, None] if pos.dim() == 1 else angles[:, None]
         return angles.cos(), angles.sin()
 
-    def head(self, x, targets=None, reduction="mean", select=None):
+    def head(self, x, targets=None, reduction="mean", select=None, chunked=False):
         """The final LayerNorm, the logits (B, T, vocab_size), or (N, vocab_size) at the flat positions
-        select, and, given targets, the cross-entropy."""
+        select, and, given targets, the cross-entropy (chunked: see forward)."""
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
         x = self.transformer.ln_f(x)
-        if self.chunked_loss(x, targets, reduction):
-            if getattr(self, "scratch", None) is None or len(self.scratch) < ChunkedHeadLoss.CHUNK:
-                self.scratch = torch.empty(ChunkedHeadLoss.CHUNK, self.config.vocab_size)  # kept: see there
+        if chunked:
+            assert targets is not None and reduction == "mean", "chunked: the mean loss over targets"
+            if getattr(self, "scratch", None) is None or self.scratch.device != x.device:  # kept: see there
+                self.scratch = torch.empty(ChunkedHeadLoss.CHUNK, self.config.vocab_size, device=x.device)
             return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
                                                targets.view(-1), self.scratch)
         logits = self.lm_head(x)  # (B, T, vocab_size)
@@ -350,12 +349,6 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1,
                                    reduction=reduction)
         return logits, loss
-
-    def chunked_loss(self, x, targets, reduction):
-        """Whether the head and the loss go through ChunkedHeadLoss: training on a CPU (train mode, gradients
-        on, the mean loss, eager)."""
-        return (targets is not None and reduction == "mean" and x.device.type == "cpu" and self.training
-                and torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
     def compile_regions(self):
         """torch.compile this model in place, region by region: the embeddings, each block (its activation
@@ -419,10 +412,10 @@ class GPT(nn.Module):
                 "tie_word_embeddings": True}
         for key, value in want.items():
             if c.get(key, value) != value:
-                raise ValueError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
+                raise UserError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
                                  f"supports only {value!r}")
         if c.get("n_inner") not in (None, 4 * c["n_embd"]):
-            raise ValueError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
+            raise UserError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
                              "n_embd wide")
         model = cls(GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
                               n_head=c["n_head"], n_embd=c["n_embd"]))
@@ -437,7 +430,7 @@ class GPT(nn.Module):
         missing, extra = sorted(set(mine) - set(sd)), sorted(set(sd) - set(mine))
         bad = [k for k in mine if k in sd and sd[k] is not None and sd[k].shape != mine[k].shape]
         if missing or extra or bad:
-            raise ValueError(f"{folder}: weights do not match its config.json as GPT-2 (missing "
+            raise UserError(f"{folder}: weights do not match its config.json as GPT-2 (missing "
                              f"{missing[:3]}, unexpected {extra[:3]}, wrong shape {bad[:3]})")
         model.load_state_dict(sd)
         return model
@@ -449,12 +442,12 @@ class GPT(nn.Module):
         from safetensors.torch import save_file
         c = self.config
         if c.n_kv_head != c.n_head:
-            raise ValueError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
+            raise UserError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
                              "multi-query / grouped-query attention, so this model cannot be saved in its "
                              "format")
         modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
         if modern:  # zero_init only changes where training starts
-            raise ValueError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
+            raise UserError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
                              "such option, so this model cannot be saved in its format")
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
@@ -479,14 +472,14 @@ def download_gpt2(name):
     """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face
     Hub's cache, downloading what is missing (huggingface_hub comes with datasets)."""
     if name not in PRETRAINED:
-        raise ValueError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF "
+        raise UserError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF "
                          "GPT-2 format (config.json + model.safetensors) or a train_gpt2.py checkpoint "
                          "(.pt)")
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import logging
     except ImportError:
-        raise OSError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a "
+        raise UserError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a "
                       "local folder in HF GPT-2 format (config.json + model.safetensors)") from None
     logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
     online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
@@ -495,7 +488,7 @@ def download_gpt2(name):
             path = hf_hub_download(PRETRAINED[name], file, local_files_only=not online)
     except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
         why = first_line(e) if online else "the Hub cannot be reached and they are not in its local cache"
-        raise OSError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face "
+        raise UserError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face "
                       f"Hub ({why}); without internet, pass a local folder in HF GPT-2 format "
                       "(config.json + model.safetensors) instead") from None
     return os.path.dirname(path)
@@ -506,10 +499,10 @@ def read_json(path):
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} does not exist: an HF GPT-2 folder holds config.json and "
+        raise UserError(f"{path} does not exist: an HF GPT-2 folder holds config.json and "
                                 f"model.safetensors") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is damaged or not JSON ({e})") from None
+        raise UserError(f"{path} is damaged or not JSON ({first_line(e)})") from None
 
 
 def read_hf_weights(folder):
@@ -522,6 +515,6 @@ def read_hf_weights(folder):
         if os.path.exists(pt):
             return torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors' and torch's errors for truncated or altered files
-        raise ValueError(f"{st if os.path.exists(st) else pt} is damaged ({first_line(e)}): download or save "
+        raise UserError(f"{st if os.path.exists(st) else pt} is damaged ({first_line(e)}): download or save "
                          f"it again") from None
-    raise FileNotFoundError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+    raise UserError(f"{folder} holds no model.safetensors or pytorch_model.bin")

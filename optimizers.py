@@ -1,52 +1,100 @@
 """The optimizers: GPT-2's AdamW, or Muon for the blocks' weight matrices with AdamW for the rest.
 
-train_gpt2.py steps, unscales (fp16) and checkpoints every optimizer of the list alike, each following the
-same warmup and cosine from its own peak learning rate.
+Every parameter group is named by its role (ROLES), whatever the learning rates are, so a checkpoint's
+optimizer state fits the optimizer a resume builds even when a learning rate changed. train_gpt2.py steps,
+unscales (fp16) and checkpoints every optimizer of the list alike, and sets each group's learning rate from
+its role's peak.
 """
 import torch
 
-
-def adamw(params, weight_decay, lr, device_type, fused=None, lrs=None):
-    """AdamW with weight decay on matrices and embeddings (>= 2-D) only, not on biases and LayerNorm gains.
-    lrs: {id(parameter): its own peak learning rate} (the embedding's, the head's), lr for the rest; each
-    group's lr is its peak, which train_gpt2.py's schedule follows. fused=None uses the fused kernel on CUDA
-    (bench.py turns it off to measure what it is worth)."""
-    groups, lrs = {}, lrs or {}  # groups: (peak lr, weight decay) -> parameters
-    for p in params:
-        if p.requires_grad:
-            key = (lrs.get(id(p), lr), weight_decay if p.dim() >= 2 else 0.0)
-            groups.setdefault(key, []).append(p)
-    groups = [{"params": ps, "lr": group_lr, "weight_decay": wd} for (group_lr, wd), ps in groups.items()]
-    # the fused kernel does the whole update in a few launches instead of several per tensor
-    fused = device_type == "cuda" if fused is None else fused
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+# role: (what it holds, whether AdamW/Muon decays it)
+ROLES = {
+    "muon": ("the blocks' weight matrices, under Muon", True),
+    "decay": ("the other matrices: the blocks' under AdamW, wpe", True),
+    "no_decay": ("biases and LayerNorm gains", False),
+    "embedding": ("wte (also lm_head when tied)", True),
+    "head": ("an untied lm_head", True),
+}
 
 
-def muon(model, weight_decay, adamw_lr, muon_lr, device_type, lrs=None):
-    """[Muon, AdamW]: torch.optim.Muon for the blocks' weight matrices (attention and MLP: each update is
-    orthogonalized, so every direction of the matrix moves alike), AdamW for the rest (embeddings, lm_head,
-    biases, LayerNorm), which Muon is not meant for. Muon's step is scaled as in nanochat and modded-nanogpt
-    (torch's "original": muon_lr * sqrt(max(1, rows / columns)))."""
-    matrices = [p for p in model.transformer.h.parameters() if p.dim() == 2]
-    ids = {id(p) for p in matrices}
-    return [torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="original"),
-            adamw([p for p in model.parameters() if id(p) not in ids], weight_decay, adamw_lr, device_type,
-                  lrs=lrs)]
+def param_roles(model, muon):
+    """{role: [parameters]} for the roles that have any (which depends only on the model's shape and the
+    optimizer, never on a learning rate); every parameter in exactly one."""
+    # tied, lm_head is wte: the later key wins, and the matrix is the embedding's
+    special = {id(model.lm_head.weight): "head", id(model.transformer.wte.weight): "embedding"}
+    matrices = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
+    roles = {}
+    for p in model.parameters():  # each shared parameter once
+        role = special.get(id(p)) or ("muon" if muon and id(p) in matrices else
+                                      "decay" if p.dim() >= 2 else "no_decay")
+        roles.setdefault(role, []).append(p)
+    assert sum(map(len, roles.values())) == len(list(model.parameters())), "a parameter without a role"
+    return {role: roles[role] for role in ROLES if role in roles}
 
 
-def make_optimizers(model, cfg, device_type):
-    """[(optimizer, each group's peak learning rate)] for cfg's optimizer: adamw (max_lr), or muon (muon_lr
-    for Muon, max_lr for its AdamW part). embed_lr and head_lr (if not 0) are wte's and an untied lm_head's
-    peaks, given for a 768-wide model and scaled by sqrt(768 / n_embd), as nanochat does: the same step
-    relative to a narrower model's weights."""
-    width = (768 / model.config.n_embd) ** 0.5
-    lrs = {}  # id(parameter): its own peak
-    if cfg["embed_lr"]:
-        lrs[id(model.transformer.wte.weight)] = cfg["embed_lr"] * width
-    if cfg["head_lr"] and model.config.untied_head:  # tied, lm_head is wte: embed_lr's
-        lrs[id(model.lm_head.weight)] = cfg["head_lr"] * width
-    if cfg["optimizer"] == "adamw":
-        opts = [adamw(model.parameters(), cfg["weight_decay"], cfg["max_lr"], device_type, lrs=lrs)]
-    else:
-        opts = muon(model, cfg["weight_decay"], cfg["max_lr"], cfg["muon_lr"], device_type, lrs=lrs)
-    return [(opt, [group["lr"] for group in opt.param_groups]) for opt in opts]
+def make_optimizers(model, optimizer, weight_decay, peaks, fused):
+    """[AdamW] or [Muon, AdamW] over the model's parameter roles, each group {"role", "params", "lr": its
+    role's peak (peaks[role]), "weight_decay"}. fused: AdamW's fused kernel (CUDA), the whole update in a
+    few launches instead of several per tensor."""
+    roles = param_roles(model, muon=optimizer == "muon")
+
+    def groups(names):
+        return [{"role": r, "params": roles[r], "lr": peaks[r], "weight_decay": weight_decay * ROLES[r][1]}
+                for r in names if r in roles]
+    opts = []
+    if "muon" in roles:
+        opts.append(Muon(groups(["muon"]), qkv_splits(model)))
+    opts.append(torch.optim.AdamW(groups([r for r in ROLES if r != "muon"]), lr=peaks["decay"],
+                                  betas=(0.9, 0.95), eps=1e-8, fused=fused))
+    return opts
+
+
+def qkv_splits(model):
+    """{id(c_attn.weight): [rows of Q, K, V]}: the fused projection is three matrices to the model."""
+    c = model.config
+    kv = c.n_kv_head * c.head_dim
+    return {id(block.attn.c_attn.weight): [c.n_embd, kv, kv] for block in model.transformer.h}
+
+
+def orthogonalize(g, steps=5, eps=1e-7):
+    """The Newton-Schulz quintic of Keller Jordan's Muon, as torch.optim.Muon computes it (in bf16): g (2-D)
+    with its singular values pushed to about 1, so every direction of the update moves alike."""
+    a, b, c = 3.4445, -4.7750, 2.0315  # coefficients chosen for the steepest slope at zero
+    x = g.bfloat16()
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon: Nesterov momentum (0.95), then each matrix's update orthogonalized and scaled by
+    sqrt(max(1, rows / columns)) (nanochat's and modded-nanogpt's step size), with decoupled weight decay.
+    The same update as torch.optim.Muon(adjust_lr_fn="original"), except that a matrix listed in `splits`
+    ({id(parameter): [rows of each part]}) is orthogonalized part by part: c_attn's Q, K and V each get a
+    whole orthogonal step, as the separate matrices of nanochat and modded-nanogpt do, instead of sharing
+    one in which V takes most of the norm."""
+
+    def __init__(self, params, splits=None, lr=0.02, weight_decay=0.0, momentum=0.95):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
+        self.splits = splits or {}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "Muon takes no closure"
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum)  # Nesterov
+                p.mul_(1 - lr * group["weight_decay"])
+                rows = self.splits.get(id(p), [len(p)])
+                for part, u in zip(p.split(rows), update.split(rows)):  # views: updated in place
+                    part.add_(orthogonalize(u), alpha=-lr * max(1, u.size(0) / u.size(1)) ** 0.5)

@@ -12,6 +12,9 @@ values) and on a run still writing its log (a half-written last line is skipped)
 import argparse
 import json
 import os
+import sys
+
+from errors import UserError
 
 GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper); all 10,042 examples
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
@@ -20,7 +23,7 @@ SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
 def read_log(path):
     """The records of a train_gpt2.py metrics.jsonl, in order."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"training log {path} does not exist (train_gpt2.py writes "
+        raise UserError(f"training log {path} does not exist (train_gpt2.py writes "
                                 "LOG_DIR/metrics.jsonl)")
     with open(path) as f:
         lines = f.read().split("\n")
@@ -33,7 +36,7 @@ def read_log(path):
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # the line being written by a live run
                 continue
-            raise ValueError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
+            raise UserError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
                              "metrics.jsonl?") from None
     return records
 
@@ -48,7 +51,7 @@ def load_metrics(path):
             if key in record:
                 series[key][record["step"]] = record[key]
     if not any(series.values()):
-        raise ValueError(f"{path} holds no loss or evaluation records yet")
+        raise UserError(f"{path} holds no loss or evaluation records yet")
     return series
 
 
@@ -124,17 +127,14 @@ def main():
                         help="another run's metrics.jsonl (e.g. an --eval_only=True run of OpenAI's GPT-2 on "
                         "the same data) to draw as reference lines; its differing settings are printed")
     args = parser.parse_args()
-    try:
-        series = load_metrics(args.log)
-        baseline = load_metrics(args.baseline) if args.baseline else None
-        diff, label = [], None
-        if args.baseline:
-            base = settings(args.baseline)
-            diff = settings_diff(settings(args.log), base)
-            label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
-                     else os.path.dirname(args.baseline) or args.baseline)
-    except (OSError, ValueError) as e:
-        parser.error(str(e))
+    series = load_metrics(args.log)
+    baseline = load_metrics(args.baseline) if args.baseline else None
+    diff, label = [], None
+    if args.baseline:
+        base = settings(args.baseline)
+        diff = settings_diff(settings(args.log), base)
+        label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
+                 else os.path.dirname(args.baseline) or args.baseline)
     out = args.out or os.path.join(os.path.dirname(args.log) or ".", "plot.png")
     plot(series, out, args.logy, baseline, label)
     print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
@@ -146,4 +146,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        sys.exit(f"error: {e}")

@@ -1,6 +1,6 @@
-"""Where and how this process runs: its rank among torchrun's processes, the device, the compute dtype, and
-whether torch.compile works here. train_gpt2.py decides all of it once, at start-up; sample.py, hellaswag.py
-and bench.py use the device and precision parts.
+"""Where and how this process runs: its rank among torchrun's processes, the device, the compute dtype.
+setup() decides all of it once, at start-up, for every entry point (train_gpt2.py, sample.py, hellaswag.py,
+bench.py, gpu_check.py); the rest are the helpers they share.
 """
 import collections
 import contextlib
@@ -17,12 +17,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-
-def first_line(e, limit=160):
-    """The first line of an exception's message, at most about `limit` characters (cut at a word): the reason
-    a one-line error quotes."""
-    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
+from errors import UserError, first_line
 
 
 def hub_online(timeout=3.0):
@@ -41,16 +36,6 @@ def hub_online(timeout=3.0):
         return False
 
 
-@contextlib.contextmanager
-def one_line_errors():
-    """Expected mistakes (a bad setting, a missing or damaged file, no network) raise OSError or ValueError
-    with a message that names the fix: print it as one line and exit 1, without a traceback."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
-
-
 def is_rank0():
     """Whether this process is rank 0 (torchrun sets RANK; a plain `python` run is rank 0 of 1)."""
     return int(os.environ.get("RANK", 0)) == 0
@@ -64,16 +49,15 @@ def print0(*args):
 # ---------------------------------------------------------------------------------------------- device, dtype
 
 def pick_device(name="auto"):
-    """The device to run on: "auto" is cuda, then mps (Apple GPUs), then cpu; a device that is named but not
-    there is a ValueError that says so."""
+    """The device kind to run on: "auto" is cuda, then mps (Apple GPUs), then cpu."""
     available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available, "cpu": lambda: True}
     if name == "auto":
         return next(kind for kind, there in available.items() if there())
     if name not in available:
-        raise ValueError(f"--device={name!r}: use auto, cuda, mps or cpu")
+        raise UserError(f"--device={name!r}: use auto, cuda, mps or cpu")
     if not available[name]():
-        raise ValueError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks "
-                         "cuda, mps or cpu, whichever is there)")
+        raise UserError(f"--device={name} but torch sees no {name} device here: use --device=auto (picks "
+                        "cuda, mps or cpu, whichever is there)")
     return name
 
 
@@ -92,19 +76,17 @@ def resolve_dtype(dtype, device):
     if dtype == "auto":
         return ("bf16" if native_bf16(device) else "fp16") if kind == "cuda" else "fp32"
     if dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"--dtype={dtype!r}: use auto, bf16, fp16 or fp32")
+        raise UserError(f"--dtype={dtype!r}: use auto, bf16, fp16 or fp32")
     if dtype != "fp32" and not torch.amp.is_autocast_available(kind):
-        raise ValueError(f"--dtype={dtype}: this torch has no autocast on {kind}; use --dtype=fp32")
+        raise UserError(f"--dtype={dtype}: this torch has no autocast on {kind}; use --dtype=fp32")
     return dtype
 
 
-def autocast(device, dtype="auto"):
-    """The project's mixed precision: matmuls in bf16 or fp16 under autocast (see resolve_dtype), or fp32."""
-    dtype = resolve_dtype(dtype, device)
+def autocast(device, dtype):
+    """The project's mixed precision for a resolved dtype: matmuls in bf16 or fp16 under autocast, or fp32."""
     if dtype == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type,
-                          dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
 
 
 def device_memory(device):
@@ -143,50 +125,34 @@ def device_name(device):
     return f"{name} ({os.cpu_count()} cores, {bf16} AVX-512-BF16/AMX)"
 
 
-def compile_probe(device):
-    """None if torch.compile's default backend works on this device, else why not. Inductor needs triton on a
-    GPU and a C++ compiler on a CPU; finding out costs a few seconds here, not minutes into a run."""
-    try:
-        probe = torch.compile(lambda x: (x * 2).sin().sum())
-        probe(torch.ones(8, device=device)).item()
-        return None
-    except Exception as e:  # whatever the backend raises: no triton, no compiler, an unsupported GPU
-        return first_line(e, 200)
-    finally:
-        torch._dynamo.reset()
+def is_out_of_memory(e):
+    """Whether an exception is the GPU running out of memory, also when compiled code wrapped it in
+    another exception (it is then a cause or context of the one raised)."""
+    for _ in range(16):
+        if e is None or isinstance(e, torch.OutOfMemoryError):
+            return e is not None
+        e = e.__cause__ or e.__context__
+    return False
 
 
 # ------------------------------------------------------------------------------------------------ processes
 
 @dataclasses.dataclass
 class Runtime:
-    """This process's place in the run and the device choices made for it, once, at start-up."""
+    """This process's place in the run and the device choices made for it, once, by setup()."""
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     distributed: bool = False  # launched by torchrun (also with one process): a process group, DDP or FSDP
     kind: str = "cpu"  # cuda, mps or cpu
-    dtype: str = "fp32"  # the compute dtype: bf16, fp16 (with loss scaling) or fp32 (CUDA's auto: start())
+    dtype: str = "fp32"  # the compute dtype: bf16, fp16 (with loss scaling) or fp32
     device: str = "cpu"  # cuda:<local rank> on GPUs, else kind
-    compile: bool = False
     memory: int = None  # bytes: the smallest GPU of all ranks (their B must be the same); None off CUDA
+    notes: list = dataclasses.field(default_factory=list)  # what setup() found worth a NOTE
 
     @property
     def master(self):
         return self.rank == 0
-
-
-def processes(device="auto", dtype="auto"):
-    """A Runtime with the rank, the world and the device kind and dtype, before any process group exists: a
-    bad --device or --dtype fails here in one line. torchrun sets RANK, LOCAL_RANK and WORLD_SIZE."""
-    distributed = "RANK" in os.environ
-    rank, local_rank, world_size = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
-                                    int(os.environ["WORLD_SIZE"])) if distributed else (0, 0, 1)
-    with one_line_errors():
-        kind = pick_device(device)
-        if not (kind == "cuda" and dtype == "auto"):  # CUDA's auto: decided on the rank's own GPU, in start()
-            dtype = resolve_dtype(dtype, kind)
-    return Runtime(rank, local_rank, world_size, distributed, kind, dtype, kind)
 
 
 # How long a rank waits in a collective before the run is aborted (NCCL's default is 10 minutes): the other
@@ -195,40 +161,56 @@ def processes(device="auto", dtype="auto"):
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def start(rt, compile):
-    """The process group (NCCL between GPUs, gloo between CPU processes), this rank's GPU, TF32 matmuls, and
-    whether torch.compile is used: as asked, unless this device cannot (Apple GPUs; elsewhere the probe says)
-    or another rank cannot. Returns the NOTEs to print."""
-    if rt.distributed:
+def setup(device="auto", dtype="auto"):
+    """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), the process group
+    under torchrun (NCCL between GPUs, gloo between CPU processes), its own GPU, TF32 matmuls, and the
+    compute dtype, decided on that GPU. A device or dtype that cannot work here is a UserError."""
+    distributed = "RANK" in os.environ
+    rt = Runtime(*((int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+                   if distributed else (0, 0, 1)), distributed)
+    rt.kind = rt.device = pick_device(device)
+    if rt.kind != "cuda":
+        rt.dtype = resolve_dtype(dtype, rt.kind)
+    if distributed:
         dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
     if rt.kind == "cuda":
         rt.device = f"cuda:{rt.local_rank}"
-        torch.cuda.set_device(rt.device)
+        torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-    notes, rt.compile = [], compile
-    if rt.kind == "cuda":
-        rt.dtype = resolve_dtype(rt.dtype, rt.device)
+        rt.dtype = resolve_dtype(dtype, rt.device)
         if rt.dtype == "bf16" and not native_bf16(rt.device):
             major, minor = torch.cuda.get_device_capability(rt.device)
-            notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
-                         f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto uses "
-                         f"fp16 here")
-    if compile and rt.kind == "mps":
-        notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
-        rt.compile = False
-    elif compile:
-        why = compile_probe(rt.device)
-        if why:
-            notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
-                         f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
-            rt.compile = False
-    rt.memory = device_memory(rt.device)
-    if rt.distributed:  # every rank runs the same way: compiled only if it works everywhere
-        everywhere = [None] * rt.world_size
-        dist.all_gather_object(everywhere, (rt.compile, rt.memory))
-        rt.compile = all(ok for ok, _ in everywhere)
-        rt.memory = None if rt.memory is None else min(memory for _, memory in everywhere)
-    return notes
+            rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability {major}.{minor}): "
+                            f"emulated, many times slower and not compiled; --dtype=auto uses fp16 here")
+    rt.memory = device_memory(rt.device)  # None off CUDA
+    if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
+        rt.memory = min(all_gather(rt.memory))
+    return rt
+
+
+def compile_blocker(rt):
+    """None if torch.compile works on this device (on every rank), else why not, in a few words. Inductor
+    needs triton on a GPU and a C++ compiler on a CPU; finding out costs a few seconds here, not minutes
+    into a run. Apple GPUs (mps) are not compiled."""
+    why = "torch.compile is not used on Apple GPUs (mps)" if rt.kind == "mps" else None
+    if why is None:
+        try:
+            probe = torch.compile(lambda x: (x * 2).sin().sum())
+            probe(torch.ones(8, device=rt.device)).item()
+        except Exception as e:  # whatever the backend raises: no triton, no compiler, an unsupported GPU
+            why = first_line(e)[:200]
+        finally:
+            torch._dynamo.reset()
+    if rt.distributed:  # compiled only if it works everywhere
+        why = next((w for w in all_gather(why) if w), None)
+    return why
+
+
+def all_gather(obj):
+    """[every rank's obj] (small picklable objects)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def broadcast_object(obj):
@@ -252,10 +234,10 @@ def git_state():
 
 def exit_process(status, wait=True):
     """Ends a process: under torchrun every rank first waits for the others (wait=True), takes the process
-    group down and exits without Python's interpreter shutdown. gloo's worker threads outlive
-    destroy_process_group and may still be releasing the last collectives' tensors, which takes the GIL;
-    during interpreter shutdown that aborts the process ("terminate called without an active exception":
-    9 of 60 runs of a 2-process FSDP test on a busy CPU). Logs and checkpoints are closed by then."""
+    group down and exits without Python's interpreter shutdown: gloo's worker threads outlive
+    destroy_process_group and may still be releasing the last collectives' tensors, which takes the GIL, and
+    during interpreter shutdown that aborts the process ("terminate called without an active exception").
+    Logs and checkpoints are closed by then."""
     if not dist.is_initialized():
         sys.exit(status)
     if wait:  # every rank ends at the same step; an error may have stopped this rank alone: no waiting
@@ -266,23 +248,18 @@ def exit_process(status, wait=True):
     os._exit(status)
 
 
-def run_info(rt, optimizers):
+def run_info(rt, compiled, optimizers):
     """What ran this run, for the first record of its log (plot.py --baseline compares two): versions, the
     devices of all ranks, the code's commit, and the choices made at start-up. Every rank must call it (it
     gathers the device names)."""
-    me = [(socket.gethostname(), device_name(rt.device))]
-    if rt.distributed:
-        everyone = [None] * rt.world_size
-        dist.all_gather_object(everyone, me[0])
-        me = everyone
+    me = (socket.gethostname(), device_name(rt.device))
+    everyone = all_gather(me) if rt.distributed else [me]
     commit, dirty = git_state()
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(),
-            "devices": dict(collections.Counter(name for _, name in me)),
-            "hosts": len({host for host, _ in me}), "git_commit": commit, "git_dirty": dirty,
-            "backend": dist.get_backend() if rt.distributed else None, "dtype": rt.dtype,
-            "compile": rt.compile,
+            "devices": dict(collections.Counter(name for _, name in everyone)),
+            "hosts": len({host for host, _ in everyone}), "git_commit": commit, "git_dirty": dirty,
+            "backend": dist.get_backend() if rt.distributed else None, "dtype": rt.dtype, "compile": compiled,
             "tf32": rt.kind == "cuda" and torch.backends.cuda.matmul.allow_tf32,
-            "fused_adamw": any(isinstance(o,
-                                          torch.optim.AdamW) and bool(o.defaults["fused"])
-                                          for o in optimizers)}
+            "fused_adamw": any(isinstance(o, torch.optim.AdamW) and bool(o.defaults["fused"])
+                               for o in optimizers)}

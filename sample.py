@@ -4,27 +4,35 @@
     python sample.py --model log/model_000150.pt
     python sample.py --model gpt2 --prompt "The meaning of life is" --num_samples 3 --max_new_tokens 100
     python sample.py --model log/model_019073.pt --prompt FILE:prompt.txt --top_k 200 --temperature 0.8
+
+sample() is the one sampling function: train_gpt2.py draws its evaluation samples with it.
 """
 import argparse
+import sys
 import time
 
 import torch
 
+import runtime
 from checkpoint import checkpoints, load_model
-from runtime import autocast, one_line_errors, pick_device, synchronize
+from errors import UserError
+from runtime import autocast, synchronize
 from tokenizer import get_encoding
 
 
-def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, device):
-    """num_samples continuations of prompt (one batch, KV-cache), decoded, and the generated tokens/s."""
+@torch.no_grad()
+def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, rt):
+    """(texts, tokens/s): num_samples continuations of prompt in one batch (KV-cache), from a generator
+    seeded with seed (the same tokens on every rank; the global RNG is untouched). Decoding changes shapes
+    every token, so it runs eagerly, also where the model's regions are compiled."""
     enc = get_encoding()
     ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
-    idx = torch.tensor([ids] * num_samples, device=device)
-    gen = torch.Generator(device).manual_seed(seed)
+    idx = torch.tensor([ids] * num_samples, device=rt.device)
+    gen = torch.Generator(rt.device).manual_seed(seed)
     t0 = time.time()
-    with autocast(device):
+    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("force_eager"):
         out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
-    synchronize(device)
+    synchronize(rt.device)
     return [enc.decode(row.tolist()) for row in out], num_samples * max_new_tokens / (time.time() - t0)
 
 
@@ -55,17 +63,18 @@ def main():
     if args.model is None:  # what a user who just trained wants to see
         args.model = (checkpoints("log") or ["gpt2"])[-1]
         print(f"sample: {args.model} (--model picks another)")
-    with one_line_errors():  # a missing or damaged file, no network, no such device
-        device = pick_device(args.device)
-        model = load_model(args.model)
-    model.to(device).eval()
+    rt = runtime.setup(args.device)
+    model = load_model(args.model).to(rt.device).eval()
     texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
-                          args.top_k or None, args.seed, device)
+                          args.top_k or None, args.seed, rt)
     for text in texts:
         print(text)
         print("-" * 80)
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {device}")
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {rt.device}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as e:
+        sys.exit(f"error: {e}")

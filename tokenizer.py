@@ -12,6 +12,8 @@ import os
 
 import tiktoken
 
+from errors import UserError
+
 RANKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2.tiktoken")
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 # GPT-2's pre-tokenizer split (tiktoken's r50k_pat_str): contractions, letters, digits, punctuation, spaces
@@ -27,13 +29,13 @@ def get_encoding(ranks_file=RANKS_FILE):
         with open(ranks_file, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise UserError(
             f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git checkout -- "
             f"gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the openai-whisper sdist there."
         ) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != RANKS_SHA256:
-        raise ValueError(
+        raise UserError(
             f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it is altered or "
             f"truncated. Restore it from the repository (git checkout -- gpt2.tiktoken)."
         )

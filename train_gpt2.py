@@ -28,10 +28,12 @@ import runtime
 from accounting import mfu, peak_flops, training_memory
 from checkpoint import find_resume, hold_log_dir, load_model, save_run
 from dataloader import DataLoaderLite
+from errors import UserError
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPTConfig
-from optimizers import make_optimizers
-from runtime import autocast, one_line_errors, print0, synchronize
+from optimizers import ROLES, make_optimizers
+from runtime import autocast, print0, synchronize
+from sample import sample
 from tokenizer import get_encoding, token_bytes
 
 # ------------------------------------------------------------------------------------------------------------
@@ -88,6 +90,8 @@ seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items()
           if not k.startswith("_") and type(v) in (int, float, str, bool)}
+# the run's settings, resolved once by resolve() and read-only after: s.B, s.max_lr, ...
+Settings = dataclasses.make_dataclass("Settings", [(k, type(v), v) for k, v in CONFIG.items()], frozen=True)
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
 # nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
@@ -105,7 +109,11 @@ CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores 
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50,
     compile=False)
+SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samples 4 x 24 more
 
+
+# ------------------------------------------------------------------------------------------------------------
+# settings: the block above, then the command line, presets, fallbacks and checks, resolved once
 
 KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
 
@@ -128,9 +136,9 @@ def settings_help():
             f"block at the top of train_gpt2.py):\n" + "\n".join(lines))
 
 
-def parse_overrides(argv, defaults):
-    """--name=value (or --name value) pairs, each checked against the settings' names and converted to its
-    type; --help prints the settings and exits."""
+def parse_overrides(argv):
+    """{name: value} of the command line's --name=value (or --name value) pairs, each checked against the
+    settings' names and converted to its type; --help prints the settings and exits."""
     overrides, argv = {}, list(argv)
     while argv:
         arg = argv.pop(0)
@@ -138,18 +146,18 @@ def parse_overrides(argv, defaults):
             print(settings_help())
             raise SystemExit(0)
         if not arg.startswith("--") or arg == "--":
-            raise SystemExit(f"error: expected --name=value, got {arg!r} (python train_gpt2.py --help lists "
-                             f"the settings)")
+            raise UserError(f"expected --name=value, got {arg!r} (python train_gpt2.py --help lists the "
+                            f"settings)")
         key, eq, value = arg[2:].partition("=")
         if not eq:  # --name value
             if not argv or argv[0].startswith("--"):
-                raise SystemExit(f"error: --{key} needs a value: --{key}=VALUE")
+                raise UserError(f"--{key} needs a value: --{key}=VALUE")
             value = argv.pop(0)
-        if key not in defaults:
-            close = difflib.get_close_matches(key, defaults, n=1)
+        if key not in CONFIG:
+            close = difflib.get_close_matches(key, CONFIG, n=1)
             hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
-            raise SystemExit(f"error: unknown setting {key!r}{hint}")
-        kind = type(defaults[key])
+            raise UserError(f"unknown setting {key!r}{hint}")
+        kind = type(CONFIG[key])
         try:
             if kind is bool:
                 if value.lower() not in ("true", "false", "1", "0"):
@@ -162,27 +170,41 @@ def parse_overrides(argv, defaults):
             else:
                 overrides[key] = kind(value)
         except ValueError:
-            raise SystemExit(f"error: --{key}={value!r} is not {KINDS[kind]} "
-                             f"(default: {defaults[key]!r})") from None
+            raise UserError(f"--{key}={value!r} is not {KINDS[kind]} (default: {CONFIG[key]!r})") from None
     return overrides
 
 
-def apply_presets(cfg, overrides):
-    """(cfg, overrides) with the size preset's and then the recipe's settings, except those given on the
-    command line. A preset chosen on the command line counts as its settings given there (the CPU fallback
-    keeps them)."""
+def resolve(given, rt):
+    """(settings, given, notes): the settings block, then the command line (`given`), the size and recipe
+    presets, the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that
+    order, into one read-only Settings. given comes back with the presets chosen on the command line counted
+    as given. A setting that cannot work is a UserError."""
+    cfg, given = apply_presets({**CONFIG, **given}, given)
+    cfg, notes = apply_fallbacks(cfg, given, rt)
+    notes += validate(cfg, rt)
+    if cfg["compile"] and (why := runtime.compile_blocker(rt)):
+        notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
+                     f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
+        cfg["compile"] = False
+    return Settings(**cfg), given, notes
+
+
+def apply_presets(cfg, given):
+    """(cfg, given) with the size preset's and then the recipe's settings, except those given on the command
+    line. A preset chosen on the command line counts as its settings given there (the CPU fallback keeps
+    them)."""
     if cfg["size"] and cfg["size"] not in SIZES:
-        raise SystemExit(f"error: --size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the "
-                         f"settings n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
+        raise UserError(f"--size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
+                        f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
     if cfg["recipe"] not in RECIPES:
-        raise SystemExit(f"error: --recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
+        raise UserError(f"--recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
     for name, presets in (("size", SIZES), ("recipe", RECIPES)):
-        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in overrides}
-        cfg, overrides = {**cfg, **preset}, ({**overrides, **preset} if name in overrides else overrides)
-    return cfg, overrides
+        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in given}
+        cfg, given = {**cfg, **preset}, ({**given, **preset} if name in given else given)
+    return cfg, given
 
 
-def apply_fallbacks(cfg, overrides, rt):
+def apply_fallbacks(cfg, given, rt):
     """(cfg, notes): without shards at the shipped data_root, train on input.txt (a plain `python` run only:
     under torchrun that is a mistake); without a GPU, a small model. Both with settings to match, except those
     given on the command line. Their batch is a fixed number of tokens, whatever the number of processes (so
@@ -190,9 +212,9 @@ def apply_fallbacks(cfg, overrides, rt):
     small, notes = {}, []
     if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
-            raise SystemExit(f"error: no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to "
-                             f"the directory you run from): make them there with `python fineweb.py`, or "
-                             f"pass --data_root=PATH")
+            raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
+                            f"directory you run from): make them there with `python fineweb.py`, or pass "
+                            f"--data_root=PATH")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
                      + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
@@ -200,140 +222,123 @@ def apply_fallbacks(cfg, overrides, rt):
         notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training a small model")
                      + " with a small batch on the CPU (settings given on the command line are kept)")
         small.update(CPU_CONFIG)
-    cfg = {**cfg, **{k: v for k, v in small.items() if k not in overrides}}
-    if small and "B" not in overrides:  # the largest B <= the fallback's that keeps the batch whole
-        cfg["B"] = next((b for b in micro_batches(cfg, rt) if b <= cfg["B"]), cfg["B"])
+    cfg = {**cfg, **{k: v for k, v in small.items() if k not in given}}
+    if small and "B" not in given:  # the largest B <= the fallback's that keeps the batch whole
+        fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+        cfg["B"] = next((b for b in fits if b <= cfg["B"]), cfg["B"])
     return cfg, notes
 
 
 def validate(cfg, rt):
-    """Stop at the first setting that cannot work, in one line naming the fix, before any process group, model
-    or log_dir exists. Returns NOTEs on settings that work but are likely mistakes."""
+    """The first setting that cannot work is a UserError naming the fix, raised before any model or log_dir
+    exists. Returns NOTEs on settings that work but are likely mistakes."""
     if cfg["optimizer"] not in ("adamw", "muon"):
-        raise SystemExit(f"error: --optimizer={cfg['optimizer']!r}: use adamw or muon")
-    if cfg["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
-        raise SystemExit(f"error: --optimizer=muon needs torch >= 2.9 (torch.optim.Muon), this is "
-                         f"{torch.__version__}: upgrade torch or use --optimizer=adamw")
+        raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
     if cfg["fsdp"] and not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
-        raise SystemExit(f"error: --fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is "
-                         f"{torch.__version__}: upgrade torch or drop --fsdp (DDP)")
+        raise UserError(f"--fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is {torch.__version__}: "
+                        f"upgrade torch or drop --fsdp (DDP)")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
-        raise SystemExit("error: --optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each "
-                         "whole weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or "
-                         "use --optimizer=adamw")
+        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole weight "
+                        "matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
+                        "--optimizer=adamw")
     if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
-        raise SystemExit("error: --eval_only=True evaluates given weights: set --init_from to gpt2 (or "
-                         "gpt2-medium, gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
+        raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
+                        "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
     if cfg["fsdp"] and not rt.distributed:
-        raise SystemExit("error: --fsdp=True shards the model over the processes torchrun starts: run it as "
-                         "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
+        raise UserError("--fsdp=True shards the model over the processes torchrun starts: run it as "
+                        "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
     if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
-        raise SystemExit(f"error: --log_dir={cfg['log_dir']} is a file, not a directory: choose another "
-                         f"--log_dir")
+        raise UserError(f"--log_dir={cfg['log_dir']} is a file, not a directory: choose another --log_dir")
     if not os.path.exists(cfg["data_root"]):
-        raise SystemExit(f"error: data_root {cfg['data_root']} does not exist: make shards with `python "
-                         f"fineweb.py --out_dir {cfg['data_root']}` or point --data_root at a text file")
+        raise UserError(f"data_root {cfg['data_root']} does not exist: make shards with `python fineweb.py "
+                        f"--out_dir {cfg['data_root']}` or point --data_root at a text file")
     for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps",
                 "checkpoint_interval", "keep_checkpoints"):
         if cfg[key] < 1:
-            raise SystemExit(f"error: --{key}={cfg[key]} must be at least 1")
+            raise UserError(f"--{key}={cfg[key]} must be at least 1")
     if cfg["T"] > cfg["block_size"]:
-        raise SystemExit(f"error: T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise "
-                         f"block_size")
+        raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
     tokens_per_micro_step = cfg["B"] * cfg["T"] * rt.world_size
     if cfg["total_batch_size"] % tokens_per_micro_step:
-        raise SystemExit(f"error: total_batch_size={cfg['total_batch_size']} is not a multiple of "
-                         f"B*T*world_size = {cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: "
-                         f"change B, T or total_batch_size")
+        raise UserError(f"total_batch_size={cfg['total_batch_size']} is not a multiple of B*T*world_size = "
+                        f"{cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: change B, T or "
+                        f"total_batch_size")
     if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
         return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
                 f"reaches max_lr (lower --warmup_steps)"]
     return []
 
 
-def micro_batches(cfg, rt):
+def micro_batches(total_batch_size, T, world_size):
     """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
     first."""
-    rows = cfg["total_batch_size"] // (cfg["T"] * rt.world_size)  # rows of T tokens per process and step
+    rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
     return [b for b in range(rows, 0, -1) if rows % b == 0]
 
 
-def memory_estimate(cfg, rt, config, B):
+def memory_estimate(s, rt, config, B):
     """accounting.py's training memory per process in bytes at micro-batch B, for this run's dtype and
     wrapping (FSDP shards over the ranks)."""
-    return training_memory(config, B, cfg["T"], rt.dtype, rt.world_size if cfg["fsdp"] else 1)["total"]
+    return training_memory(config, B, s.T, rt.dtype, rt.world_size if s.fsdp else 1)["total"]
 
 
-def fit_memory(cfg, overrides, config, rt):
-    """(cfg, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
+def fit_memory(s, given, config, rt):
+    """(settings, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
     compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
     (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
     if rt.memory is None:  # not a CUDA GPU
-        return cfg, []
+        return s, []
     budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
-    need = {b: memory_estimate(cfg, rt, config, b) for b in micro_batches(cfg, rt)}
-    if need[cfg["B"]] <= budget:
-        return cfg, []
-    fits = next((b for b in need if b < cfg["B"] and need[b] <= budget), None)
-    said = (f"B={cfg['B']} needs an estimated {need[cfg['B']] / 2**30:.1f} GiB per process of the GPU's "
+    need = {b: memory_estimate(s, rt, config, b) for b in micro_batches(s.total_batch_size, s.T, rt.world_size)}
+    if need[s.B] <= budget:
+        return s, []
+    fits = next((b for b in need if b < s.B and need[b] <= budget), None)
+    said = (f"B={s.B} needs an estimated {need[s.B] / 2**30:.1f} GiB per process of the GPU's "
             f"{rt.memory / 2**30:.1f} GiB")
     if fits is None:
-        return cfg, [f"{said}, and no smaller B fits: expect to run out of memory (try "
-                     f"--grad_checkpoint=True, or --fsdp=True over more GPUs)"]
-    if "B" in overrides:
-        return cfg, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
-    return {**cfg, "B": fits}, [f"{said}: using B={fits}, the largest that fits (set --B to choose)"]
+        return s, [f"{said}, and no smaller B fits: expect to run out of memory (try --grad_checkpoint=True, "
+                   f"or --fsdp=True over more GPUs)"]
+    if "B" in given:
+        return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
+    return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to choose)"]
 
 
-@contextlib.contextmanager
-def out_of_memory_hint(cfg, rt, config):
-    """The GPU running out of memory in a step or an evaluation (also inside compiled code) ends the run in
-    one line naming the B to try, printed once; other errors pass through."""
-    try:
-        yield
-    except Exception as e:
-        chain = [e]
-        while (chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 16:  # compiled code wraps it
-            chain.append(chain[-1].__cause__ or chain[-1].__context__)
-        if not any(isinstance(x, torch.OutOfMemoryError) for x in chain):
-            raise
-        est = memory_estimate(cfg, rt, config, cfg["B"]) / 2**30
-        smaller = [b for b in micro_batches(cfg, rt) if b < cfg["B"]]
-        of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
-        fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
-               "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
-        raise SystemExit(f"error: out of memory at B={cfg['B']}, T={cfg['T']} (estimated {est:.1f} GiB per "
-                         f"process{of}): {fix}" if rt.master else 1) from None
+def one_validation_pass(s, loader):
+    """(settings, notes): val_steps at most the batches one pass over the validation split holds, so no
+    batch counts twice."""
+    if s.val_steps <= loader.steps_per_epoch:
+        return s, []
+    return dataclasses.replace(s, val_steps=loader.steps_per_epoch), [
+        f"val_steps={s.val_steps} but the validation split holds {loader.steps_per_epoch} batches of "
+        f"{s.B} x {s.T} tokens x {loader.world} processes: evaluating on those, once each"]
 
 
-def build_model(cfg, resume):
+# ------------------------------------------------------------------------------------------------------------
+# model, data, optimizers: each decided once, at start-up
+
+def build_model(s, resume):
     """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF
     folder or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
-    with one_line_errors():  # a bad model name, folder or shape
-        if resume is not None:
-            return GPT(GPTConfig(**{**resume.model_config, "grad_checkpoint": cfg["grad_checkpoint"]}))
-        if cfg["init_from"] == "scratch":
-            shape = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-            return GPT(GPTConfig(**{k: cfg[k] for k in shape + GPTConfig.MODERN},
-                                 grad_checkpoint=cfg["grad_checkpoint"]))
-        model = load_model(cfg["init_from"])
-        model.config = dataclasses.replace(model.config, grad_checkpoint=cfg["grad_checkpoint"])
-        return model
+    if resume is not None:
+        return GPT(GPTConfig(**{**resume.model_config, "grad_checkpoint": s.grad_checkpoint}))
+    if s.init_from == "scratch":
+        shape = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
+        return GPT(GPTConfig(**{k: getattr(s, k) for k in shape}, grad_checkpoint=s.grad_checkpoint))
+    model = load_model(s.init_from)
+    model.config = dataclasses.replace(model.config, grad_checkpoint=s.grad_checkpoint)
+    return model
 
 
-def load_data(cfg, rt):
+def load_data(s, rt):
     """(train loader, val loader, HellaSwag examples or None) for this rank."""
-    with one_line_errors():  # missing or damaged shards, a missing HellaSwag file, no network
-        args = (cfg["B"], cfg["T"], rt.rank, rt.world_size)
-        train = DataLoaderLite(*args, "train", cfg["data_root"], cfg["shuffle"], cfg["seed"])
-        val = DataLoaderLite(*args, "val", cfg["data_root"])
-        examples = None
-        if cfg["hellaswag"] > 0:
-            examples = load_examples(cfg["hellaswag_data"] or None, cfg["hellaswag"])
+    args = (s.B, s.T, rt.rank, rt.world_size)
+    train = DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
+    val = DataLoaderLite(*args, "val", s.data_root)
+    examples = load_examples(s.hellaswag_data or None, s.hellaswag) if s.hellaswag > 0 else None
     return train, val, examples
 
 
-def wrap_model(raw_model, cfg, rt):
+def wrap_model(raw_model, s, rt):
     """(train_model, eval_model, grad_sync), decided once: how this rank runs the model.
 
     DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes
@@ -345,7 +350,7 @@ def wrap_model(raw_model, cfg, rt):
     forward, evaluation included. Gradients are reduce-scattered at every micro-step: accumulating them
     unsharded would hold a whole fp32 copy of them on every rank (1558M: 6.2 GB) to save communication that
     overlaps the backward anyway. torch.compile goes region by region (GPT.compile_regions)."""
-    if cfg["fsdp"]:
+    if s.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast
         # would cast them anyway) and their gradients reduced in fp32. The root stays fp32, and so does the
@@ -356,10 +361,10 @@ def wrap_model(raw_model, cfg, rt):
         for block in raw_model.transformer.h:
             fully_shard(block, mp_policy=mixed)
         fully_shard(raw_model)  # in place: raw_model is now the sharded model
-        if rt.compile:
+        if s.compile:
             raw_model.compile_regions()
         return raw_model, raw_model, lambda last: contextlib.nullcontext()
-    maybe_compile = torch.compile if rt.compile else (lambda m: m)
+    maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
         return (maybe_compile(ddp_model), maybe_compile(raw_model),
@@ -368,16 +373,66 @@ def wrap_model(raw_model, cfg, rt):
     return model, model, lambda last: contextlib.nullcontext()
 
 
-def get_lr(step, cfg, peak=None):
-    """Linear warmup to the peak (max_lr unless given), then a cosine to peak * min_lr_ratio at max_steps."""
-    max_lr = cfg["max_lr"] if peak is None else peak
-    min_lr = max_lr * cfg["min_lr_ratio"]
-    if step < cfg["warmup_steps"]:
-        return max_lr * (step + 1) / cfg["warmup_steps"]
-    if step >= cfg["max_steps"]:
+def role_peaks(s, n_embd):
+    """{role: peak learning rate} of every parameter role (optimizers.ROLES). embed_lr and head_lr (if not
+    0) are given for a 768-wide model and scaled by sqrt(768 / n_embd), as nanochat does: the same step
+    relative to a narrower model's weights."""
+    width = (768 / n_embd) ** 0.5
+    return {"muon": s.muon_lr, "decay": s.max_lr, "no_decay": s.max_lr,
+            "embedding": s.embed_lr * width or s.max_lr, "head": s.head_lr * width or s.max_lr}
+
+
+def get_lr(step, peak, s):
+    """Linear warmup to the peak, then a cosine to peak * min_lr_ratio at max_steps."""
+    min_lr = peak * s.min_lr_ratio
+    if step < s.warmup_steps:
+        return peak * (step + 1) / s.warmup_steps
+    if step >= s.max_steps:
         return min_lr
-    ratio = (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"])
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+    ratio = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - min_lr)
+
+
+def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, grad_clip, chunked):
+    """The training step: step(batches) runs forward and backward on each micro-batch (x, y) of the list
+    (gradients cross ranks on the last only), averages the loss over the ranks, unscales (fp16) and clips the
+    gradients, and updates the weights, unless the loss or the gradient norm is not finite (a diverged run;
+    under fp16 an overflow, which the scaler skips). Returns (loss, gradient norm, skipped) as floats: one
+    CPU-GPU sync point. chunked: the loss from the hidden states by model.ChunkedHeadLoss (a CPU's eager
+    training). bench.py times this same step."""
+    params = list(raw_model.parameters())
+
+    def step(batches):
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss_accum = torch.zeros((), device=rt.device)
+        for i, (x, y) in enumerate(batches):
+            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+            with grad_sync(i == len(batches) - 1):
+                with autocast(rt.device, rt.dtype):
+                    _, loss = train_model(x, y, chunked=chunked)
+                loss = loss / len(batches)  # the mean over the whole batch, not a sum of means
+                loss_accum += loss.detach()
+                scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
+        if rt.distributed:
+            dist.all_reduce(loss_accum)
+            loss_accum /= rt.world_size
+        with torch.profiler.record_function("optimizer"):  # a label for bench.py's profile
+            for opt in optimizers:
+                scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)  # FSDP: every rank
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
+            loss, norm = loss_accum.item(), norm.item()  # CPU-GPU sync point
+            # fp16: gradients that overflowed under the loss scale are the scaler's (it skips the update and
+            # lowers the scale); otherwise a non-finite loss or norm is a diverged run: no update
+            skipped = scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(norm)
+            if skipped or (math.isfinite(loss) and math.isfinite(norm)):
+                if not skipped:
+                    for opt in optimizers:
+                        scaler.step(opt)
+                scaler.update()  # fp16: lowers the scale after an overflow
+        return loss, norm, skipped
+    return step
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -389,31 +444,31 @@ def log(path, record):
             f.write(json.dumps(record) + "\n")
 
 
-def log_start(cfg, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
+def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
     """Print what this run is and write its first record: the settings, the model, the environment."""
-    hold_log_dir(cfg["log_dir"], rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    if cfg["eval_only"] and rt.master and os.path.exists(path):
+    hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
+    if s.eval_only and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
+    config = dataclasses.asdict(s)
     print0(f"config (what differs from the settings block; the log keeps all): "
-           f"{json.dumps({k: v for k, v in cfg.items() if v != CONFIG[k]})}")
+           f"{json.dumps({k: v for k, v in config.items() if v != CONFIG[k]})}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
-    if cfg["eval_only"]:  # nothing trained: what one evaluation reads
-        print0(f"eval: {cfg['val_steps']} validation batches of {cfg['B']} x {cfg['T']} tokens x "
-               f"{rt.world_size} processes from {cfg['data_root']}, {cfg['hellaswag']:,} HellaSwag examples; "
-               f"device {rt.device}")
+    if s.eval_only:  # nothing trained: what one evaluation reads
+        print0(f"eval: {s.val_steps} validation batches of {s.B} x {s.T} tokens x {rt.world_size} processes "
+               f"from {s.data_root}, {s.hellaswag:,} HellaSwag examples; device {rt.device}")
     else:
-        print0(f"data: {cfg['data_root']}, {loader.tokens_total:,} train tokens, "
+        print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
                f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
-        mem = memory_estimate(cfg, rt, model.config, cfg["B"])
+        mem = memory_estimate(s, rt, model.config, s.B)
         sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
                    + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
-                      else "") + ")") if cfg["fsdp"] else ""
-        print0(f"batch: {cfg['total_batch_size']:,} tokens = {cfg['B']} x {cfg['T']} x {rt.world_size} "
-               f"processes x {grad_accum_steps} accumulation steps; device {rt.device}; estimated training "
-               f"memory per process {mem / 2**30:.1f} GiB{sharded}")
-    log(path, {"event": "start", "step": step, "config": cfg,
+                      else "") + ")") if s.fsdp else ""
+        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
+               f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
+               f"process {mem / 2**30:.1f} GiB{sharded}")
+    log(path, {"event": "start", "step": step, "config": config,
                "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-               "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, optimizers)})
+               "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, s.compile, optimizers)})
 
 
 def catch_stop_signals():
@@ -435,13 +490,22 @@ def catch_stop_signals():
     return received
 
 
-def diverged(step, loss, norm, last_checkpoint, path):
-    """A non-finite loss or gradient norm: said and logged; the run stops before the update (exit 1)."""
-    print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step}: stopped before its "
-           f"update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the data, then rerun "
-           f"to resume from the newest checkpoint that verifies")
-    log(path, {"step": step, "event": "non-finite", "loss": loss, "grad_norm": norm})
-    return 1
+@contextlib.contextmanager
+def out_of_memory_hint(s, rt, config):
+    """The GPU running out of memory in a step or an evaluation (also inside compiled code) is a UserError
+    naming the B to try; other errors pass through."""
+    try:
+        yield
+    except Exception as e:
+        if not runtime.is_out_of_memory(e):
+            raise
+        est = memory_estimate(s, rt, config, s.B) / 2**30
+        smaller = [b for b in micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
+        of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
+        fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
+               "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
+        raise UserError(f"out of memory at B={s.B}, T={s.T} (estimated {est:.1f} GiB per process{of}): "
+                        f"{fix}") from None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -470,36 +534,23 @@ def validation_loss(model, loader, steps, rt):
     return (nats[0] / counts[0]).item(), (nats[1] / (math.log(2) * counts[1])).item()
 
 
-@torch.no_grad()
-def sample_texts(model, seed, rt, n=4, length=32):
-    """n continuations of the same prompt. Every rank samples the same tokens (its own seeded generator, so
-    training's RNG is untouched). Decoding changes shapes every token: KV-cached and eager, also where the
-    model's regions are compiled (FSDP)."""
-    enc = get_encoding()
-    gen = torch.Generator(rt.device).manual_seed(seed)
-    prompt = torch.tensor([enc.encode("Hello, I'm a language model,")] * n, device=rt.device)
-    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("force_eager"):
-        out = model.generate(prompt, length - prompt.size(1), top_k=50, generator=gen)
-    return [enc.decode(row.tolist()) for row in out]
-
-
-def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
+def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
     """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
     eval_model.eval()
-    at = os.path.basename(cfg["init_from"]) if cfg["eval_only"] else f"step {step}"  # eval_only: no steps
-    val_loss, val_bpb = validation_loss(eval_model, val_loader, cfg["val_steps"], rt)
+    at = os.path.basename(s.init_from) if s.eval_only else f"step {step}"  # eval_only: no steps
+    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_steps, rt)
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        per_forward = max(1, cfg["B"] * cfg["T"] // 384)  # rows of <= 336 tokens: about a micro-batch
-        hs = hellaswag_eval(eval_model, examples, rt.device, per_forward, rt.rank, rt.world_size,
-                            dtype=rt.dtype)
+        per_forward = max(1, s.B * s.T // 384)  # rows of <= 336 tokens: about a micro-batch
+        hs = hellaswag_eval(eval_model, examples, rt, per_forward)
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
         log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                    "hellaswag_n": hs["n"]})
-    samples = sample_texts(raw_model, cfg["seed"], rt)
-    for s in samples:
-        print0(f"sample: {s!r}")
+    # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
+    samples, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
+    for text in samples:
+        print0(f"sample: {text!r}")
     log(path, {"step": step, "samples": samples})
     eval_model.train()
 
@@ -508,105 +559,88 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, path):
 
 def main(argv):
     """Train (or with eval_only, evaluate) as the settings and argv say; returns the process's exit status."""
-    overrides = parse_overrides(argv, CONFIG)
-    cfg, overrides = apply_presets({**CONFIG, **overrides}, overrides)
+    given = parse_overrides(argv)  # a misspelt name or a value of the wrong type stops here
 
-    # -------------------------------------------------------------------------------------- processes, device
-    rt = runtime.processes(cfg["device"], cfg["dtype"])
-    cfg, notes = apply_fallbacks(cfg, overrides, rt)
-    notes += validate(cfg, rt)
-    notes += runtime.start(rt, cfg["compile"])  # process group, this rank's GPU, TF32, whether compile works
-    cfg["compile"] = rt.compile
+    # ----------------------------------------------------------------------------- processes, device, settings
+    asked = {**CONFIG, **given}
+    rt = runtime.setup(asked["device"], asked["dtype"])  # process group, this rank's GPU, TF32, dtype
+    s, given, notes = resolve(given, rt)
+    notes = rt.notes + notes
     for note in notes:
         print0(f"NOTE: {note}")
-    hold_log_dir(cfg["log_dir"], rt)  # one run at a time per log_dir
-    metrics = os.path.join(cfg["log_dir"], "metrics.jsonl")
-    cfg, resume = find_resume(cfg, overrides, rt, metrics)  # None, or the run in log_dir to continue
+    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
+    metrics = os.path.join(s.log_dir, "metrics.jsonl")
+    s, resume = find_resume(s, given, rt, metrics)  # None, or the run in log_dir to continue
     if resume is not None and resume.finished:
         return 0
 
     # --------------------------------------------------------------------------------- model, data, optimizer
-    torch.manual_seed(cfg["seed"])  # the same initial weights on every rank
-    raw_model = build_model(cfg, resume).to(rt.device)
-    cfg, more = fit_memory(cfg, overrides, raw_model.config, rt)  # a B the GPU holds, found before compiling
-    for note in more:
+    torch.manual_seed(s.seed)  # the same initial weights on every rank
+    raw_model = build_model(s, resume).to(rt.device)
+    s, more = fit_memory(s, given, raw_model.config, rt)  # a B the GPU holds, found before compiling
+    train_loader, val_loader, examples = load_data(s, rt)
+    s, val_notes = one_validation_pass(s, val_loader)
+    for note in more + val_notes:
         print0(f"NOTE: {note}")
-    notes += more
-    grad_accum_steps = cfg["total_batch_size"] // (cfg["B"] * cfg["T"] * rt.world_size)  # micro-steps a step
-    train_loader, val_loader, examples = load_data(cfg, rt)
-    train_model, eval_model, grad_sync = wrap_model(raw_model, cfg, rt)
-    optimizers, peak_lrs = zip(*make_optimizers(raw_model, cfg, rt.kind))
+    notes += more + val_notes
+    grad_accum_steps = s.total_batch_size // (s.B * s.T * rt.world_size)  # micro-steps a step
+    train_model, eval_model, grad_sync = wrap_model(raw_model, s, rt)
+    peaks = role_peaks(s, raw_model.config.n_embd)
+    optimizers = make_optimizers(raw_model, s.optimizer, s.weight_decay, peaks, fused=rt.kind == "cuda")
     # fp16 overflows where bf16 does not: the loss is scaled up before backward and the gradients unscaled
     # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
-    scaler = torch.amp.GradScaler(rt.kind, init_scale=cfg["loss_scale"], enabled=rt.dtype == "fp16")
+    scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     step = resume.restore(raw_model, optimizers, scaler, train_loader, rt) if resume else 0
-    log_start(cfg, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, metrics)
-    if cfg["eval_only"]:  # init_from's model, evaluated and logged; no training, no checkpoint
-        evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
+    log_start(s, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, metrics)
+    if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
+        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
         return 0
+    # a CPU trains eagerly through ChunkedHeadLoss (no logits: see there); compiled code takes the plain path
+    train_step = make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, s.grad_clip,
+                                 chunked=rt.kind == "cpu" and not s.compile)
 
     # ---------------------------------------------------------------------------------------- training loop
     stop_signal = catch_stop_signals()
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
     train_model.train()
-    with out_of_memory_hint(cfg, rt, raw_model.config):  # one line naming a smaller B, no traceback per rank
-        while step < cfg["max_steps"]:
+    with out_of_memory_hint(s, rt, raw_model.config):  # one line naming a smaller B, no traceback per rank
+        while step < s.max_steps:
             t0 = time.time()
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            loss_accum = torch.zeros((), device=rt.device)
-            for micro_step in range(grad_accum_steps):
-                x, y = train_loader.next_batch()
-                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-                with grad_sync(micro_step == grad_accum_steps - 1):  # gradients cross ranks on the last only
-                    with autocast(rt.device, rt.dtype):
-                        _, loss = train_model(x, y)
-                    loss = loss / grad_accum_steps  # the mean over the whole batch, not a sum of means
-                    loss_accum += loss.detach()
-                    scaler.scale(loss).backward()
-            stop = torch.tensor([float(stop_signal[0])], device=rt.device)
-            if rt.distributed:
-                dist.all_reduce(loss_accum)
-                loss_accum /= rt.world_size
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-            for opt in optimizers:
-                scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
-            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])  # FSDP: all ranks
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
-            loss_v, norm_v, stop = loss_accum.item(), norm.item(), int(stop.item())  # CPU-GPU sync point
-            # fp16: gradients that overflowed under the loss scale are the scaler's to handle (it skips
-            # the update and lowers the scale), not a diverged run; a non-finite loss (or norm without
-            # fp16) stops it
-            skipped = scaler.is_enabled() and math.isfinite(loss_v) and not math.isfinite(norm_v)
-            if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
-                return diverged(step + 1, loss_v, norm_v, last_checkpoint, metrics)
-            lr = get_lr(step, cfg)
-            for opt, peaks in zip(optimizers, peak_lrs):  # each parameter group from its own peak
-                for group, group_peak in zip(opt.param_groups, peaks):
-                    group["lr"] = get_lr(step, cfg, group_peak)
-            scale = scaler.get_scale() if scaler.is_enabled() else None
-            if not skipped:  # fp16 overflow: no optimizer steps (the scaler skips only the one that saw it)
-                for opt in optimizers:
-                    scaler.step(opt)
-            scaler.update()  # fp16: lowers the scale after an overflow
+            for opt in optimizers:  # each parameter group from its own role's peak
+                for group in opt.param_groups:
+                    group["lr"] = get_lr(step, peaks[group["role"]], s)
+            scale = scaler.get_scale() if scaler.is_enabled() else None  # fp16: the scale this step uses
+            loss, norm, skipped = train_step([train_loader.next_batch() for _ in range(grad_accum_steps)])
+            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
+                print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped before "
+                       f"its update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the "
+                       f"data, then rerun to resume from the newest checkpoint that verifies")
+                log(metrics, {"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm})
+                return 1
+            stop = stop_signal[0]
+            if rt.distributed:  # every rank stops at the same step
+                stop = torch.tensor(stop, device=rt.device)
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+                stop = int(stop.item())
             synchronize(rt.device)  # wait for the GPU before reading the clock
             dt = time.time() - t0
             step += 1
-            tok_s = cfg["total_batch_size"] / dt
-            util = mfu(raw_model.config, tok_s / rt.world_size, peak, cfg["T"])
-            print0(f"step {step:5d}/{cfg['max_steps']} | loss {loss_v:.6f} | lr {lr:.4e} | norm {norm_v:.4f} "
+            lr = get_lr(step - 1, s.max_lr, s)
+            tok_s = s.total_batch_size / dt
+            util = mfu(raw_model.config, tok_s / rt.world_size, peak, s.T)
+            print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
                    f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
                    + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
                    + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
-            log(metrics, {"step": step, "loss": loss_v, "lr": lr, "grad_norm": norm_v, "ms": dt * 1000,
+            log(metrics, {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                           "tok_s": tok_s, "mfu": util}
                          | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
-            last = step == cfg["max_steps"]
-            if (step % cfg["eval_interval"] == 0 and not stop) or last:  # a stop writes its checkpoint first
-                evaluate(step, eval_model, raw_model, val_loader, examples, cfg, rt, metrics)
-            if step % cfg["checkpoint_interval"] == 0 or last or stop:
-                last_checkpoint = save_run(cfg, rt, step, raw_model, optimizers, scaler, train_loader)
+            last = step == s.max_steps
+            if (step % s.eval_interval == 0 and not stop) or last:  # a stop writes its checkpoint first
+                evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
+            if step % s.checkpoint_interval == 0 or last or stop:
+                last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader)
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
                 print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
                        f"resume")
@@ -617,10 +651,8 @@ def main(argv):
 if __name__ == "__main__":
     try:
         status = main(sys.argv[1:])
-    except SystemExit as e:  # an expected mistake, the same on every rank: said once per node, not per rank
-        if not isinstance(e.code, str):  # --help
-            raise
+    except UserError as e:  # an expected mistake, the same on every rank: said once per node, not per rank
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(e.code, file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr)
         runtime.exit_process(1, wait=False)
     runtime.exit_process(status)  # every rank returns at the same step

@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hellaswag  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from runtime import Runtime  # noqa: E402
 
 
 def main():
@@ -31,8 +32,8 @@ def main():
     if args.check:
         model = GPT(GPTConfig(vocab_size=50304, n_layer=2, n_head=4, n_embd=128)).double().eval()
         t0 = time.time()
-        got = hellaswag.evaluate(model, examples, "cpu", args.batch_size, dtype="fp32")
-        ref = hellaswag.evaluate_unbatched(model, examples, "cpu", dtype="fp32")
+        got = hellaswag.evaluate(model, examples, Runtime(), args.batch_size)
+        ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
         same = sum(a == b for a, b in zip(got["predictions"], ref["predictions"]))
         print(f"{same} of {len(examples)} predictions identical; acc {got['acc']:.4f} / {ref['acc']:.4f}, "
               f"acc_norm {got['acc_norm']:.4f} / {ref['acc_norm']:.4f} ({time.time() - t0:.0f} s)")
@@ -40,9 +41,9 @@ def main():
     model = GPT(GPTConfig(vocab_size=50304)).eval()  # GPT-2 124M
     t0 = time.time()
     if args.unbatched:
-        result = hellaswag.evaluate_unbatched(model, examples, "cpu")
+        result = hellaswag.evaluate_unbatched(model, examples, Runtime())
     else:
-        result = hellaswag.evaluate(model, examples, "cpu", args.batch_size)
+        result = hellaswag.evaluate(model, examples, Runtime(), args.batch_size)
     dt = time.time() - t0
     print(f"{'unbatched' if args.unbatched else 'evaluate'}: {len(examples)} examples in {dt:.1f} s, "
           f"{len(examples) / dt:.2f} examples/s, acc {result['acc']:.4f}, acc_norm {result['acc_norm']:.4f}")

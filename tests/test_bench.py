@@ -4,6 +4,7 @@ import json
 import re
 
 from conftest import script
+from runtime import Runtime
 
 
 def test_bench_cpu_smoke(tmp_path):
@@ -136,12 +137,15 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
     def first_runs_out(step, device, steps, warmup):
         calls.append(1)
         if len(calls) == 1:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            try:  # as compiled code raises it: wrapped
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            except torch.cuda.OutOfMemoryError as e:
+                raise RuntimeError("backend compiler failed") from e
         return real(step, device, steps, warmup)
     monkeypatch.setattr(bench, "time_steps", first_runs_out)
     size = dict(n_layer=1, n_head=2, n_embd=16, block_size=32)
     skip = {"bf16", "compile", "flash", "vocab", "fused"}
-    lines, _, _, step, dt = bench.ladder(size, 2, 16, "cpu", 1, 0, skip)
+    lines, _, _, step, dt = bench.ladder(size, 2, 16, Runtime(), 1, 0, skip)
     assert lines[2] == "| fp32, eager | out of memory at B=2 | | | | |"
     assert lines[3].startswith("| + TF32 matmuls | ") and lines[3].endswith("|  |")  # no speed-up column
     assert step is not None and dt > 0 and len(lines) == 4
@@ -152,7 +156,7 @@ def test_gpu_check_parts_that_run_on_a_cpu():
     too) and accepts any fused backend, as the ops of an H100 (cuDNN) or an older GPU show them, never the
     math fallback; the recompile count splits TORCH_LOGS output at a marker line."""
     from gpu_check import attention_backends, check_attention, recompiles
-    ok, detail = check_attention("cpu")
+    ok, detail = check_attention(Runtime())
     assert ok and "SDPA ran flash attention (aten::_scaled_dot_product_flash_attention_for_cpu" in detail, \
         detail
     op = "aten::_scaled_dot_product_{}"

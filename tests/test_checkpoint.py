@@ -8,6 +8,7 @@ import torch
 
 from checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, newest_valid,
                         save_checkpoint)
+from errors import UserError
 from conftest import assert_one_line_error, script
 from model import GPT, GPTConfig
 MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
@@ -65,10 +66,10 @@ def test_a_checkpoint_without_a_checksum_is_refused(tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint .*nope.pt does not exist"):
+    with pytest.raises(UserError, match="checkpoint .*nope.pt does not exist"):
         load_model(str(tmp_path / "nope.pt"))
     torch.save({"weights": {}}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="not a train_gpt2.py checkpoint"):
+    with pytest.raises(UserError, match="not a train_gpt2.py checkpoint"):
         load_model(str(tmp_path / "other.pt"))
 
 
@@ -108,14 +109,15 @@ def test_a_resumed_adamw_keeps_this_devices_kernel(saved_fused, fused):
     """A checkpoint of an unfused AdamW (a CPU run) resumed where AdamW is fused (CUDA; fused AdamW runs on
     the CPU too, so the test can): load_state_dict would copy fused=False back, and the run would step
     unfused while its log says fused. The fresh optimizer's kernel is kept, its step counts go where that
-    kernel reads them, and its next step equals the saved run's."""
+    kernel reads them, and its next step equals the saved run's. Its hyperparameters are this run's too (a
+    resume may change a learning rate or the weight decay); only the state comes from the checkpoint."""
     from checkpoint import gather_state, load_state
-    from optimizers import adamw
+    from optimizers import ROLES, make_optimizers
 
-    def make(fused_kernel):
+    def make(fused_kernel, weight_decay=0.1):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
-        return model, adamw(model.parameters(), 0.1, 1e-2, "cpu", fused=fused_kernel)
+        return model, make_optimizers(model, "adamw", weight_decay, dict.fromkeys(ROLES, 1e-2), fused_kernel)[0]
 
     def step(model, opt):
         x = torch.arange(32).view(2, 16) % 64
@@ -137,3 +139,24 @@ def test_a_resumed_adamw_keeps_this_devices_kernel(saved_fused, fused):
     step(resumed, resumed_opt)
     for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7), name
+    # this run's weight decay, not the checkpoint's; the checkpoint's moments
+    other, other_opt = make(fused, weight_decay=0.0)
+    load_state(other, [other_opt], {"model": model_state, "optimizer": optim_state}, distributed=False)
+    assert [g["weight_decay"] for g in other_opt.param_groups] == [0.0, 0.0, 0.0]
+    for name, p in other.named_parameters():
+        assert torch.equal(other_opt.state[p]["exp_avg"], optim_state["state"][name]["exp_avg"]), name
+
+
+def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
+    """A checkpoint whose optimizer groups were keyed by learning rate (before they were named by role)
+    cannot fit this code's groups: one UserError naming both layouts and the way out (its weights with a
+    fresh optimizer), before anything is loaded."""
+    from checkpoint import Resume
+    from optimizers import ROLES, make_optimizers
+    from runtime import Runtime
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 1e-2), False)
+    meta = {"step": 4, "path": "log/model_000004.pt", "model_config": {}, "roles": [None, None]}
+    with pytest.raises(UserError, match=r"another layout \(parameter groups \[None, None\], this code's "
+                                        r"\['decay', 'no_decay', 'embedding'\]\).*--init_from=log/model_000004.pt"):
+        Resume(meta, None).restore(model, opts, None, None, Runtime())

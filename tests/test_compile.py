@@ -25,6 +25,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     from checkpoint import load_model
     from gpu_check import recompiles
     from hellaswag import evaluate, load_examples
+    from runtime import Runtime
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
     log = tmp_path / "compiled"
     extra = MODERN_RUN if wrap == "ddp" else ["--fsdp=True"]
@@ -41,7 +42,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     assert sorted(got) == sorted(ref) == list(range(1, 9))
     for s in ref:
         assert math.isclose(got[s], ref[s], rel_tol=1e-4 if wrap == "ddp" else 1e-5), (s, got[s], ref[s])
-    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), load_examples(data), "cpu", batch_size=1)
+    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), load_examples(data), Runtime(), batch_size=1)
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 
@@ -80,8 +81,7 @@ REGIONS = textwrap.dedent("""
             event = event.cpu_parent
         return False
 
-    rt = runtime.processes("cpu", "bf16")
-    runtime.start(rt, compile=True)
+    rt = runtime.setup("cpu", "bf16")
     compile = torch.compile
     out = {}
     # DDP without grad_checkpoint (one whole-model graph) is what the other compile tests run. Where Dynamo
@@ -94,8 +94,8 @@ REGIONS = textwrap.dedent("""
         torch.manual_seed(0)
         raw = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=2, n_embd=32,
                             grad_checkpoint=grad_checkpoint))
-        rt.compile = backend is not None
-        model, _, _ = train_gpt2.wrap_model(raw, {"fsdp": fsdp}, rt)
+        s = train_gpt2.Settings(fsdp=fsdp, compile=backend is not None)
+        model, _, _ = train_gpt2.wrap_model(raw, s, rt)
         gathered = []
         if fsdp:  # after FSDP's own pre-forward hook, which gathers the block's parameters
             raw.transformer.h[0].register_forward_pre_hook(

@@ -12,6 +12,7 @@ import pytest
 import fineweb
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, tokenize_text_file,
                         write_shard)
+from errors import UserError
 from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, train
 from tokenizer import get_encoding
 
@@ -88,7 +89,7 @@ def test_save_to_disk_dir(tmp_path):
     datasets.Dataset.from_dict({"content": DOCS}).save_to_disk(str(tmp_path / "ds"))
     fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o"), "content", 10_000, "s", 2)
     assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
-    with pytest.raises(ValueError, match="no column 'text'.*content"):
+    with pytest.raises(UserError, match="no column 'text'.*content"):
         fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o3"), "text", 10_000, "s", 1)
 
 
@@ -151,7 +152,7 @@ def test_resume_after_sigkill(tmp_path):
         f.write(b"garbage!")  # over the magic number
     with open(paths[9], "r+b") as f:
         f.truncate(os.path.getsize(paths[9]) - 100)
-    with pytest.raises(ValueError, match="rerun the fineweb.py command that made it"):
+    with pytest.raises(UserError, match="rerun the fineweb.py command that made it"):
         load_shard(paths[5])
     r = subprocess.run(cmd + ["--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True)
     said = (f"fineweb: {paths[5]} is damaged (wrong header or size): writing it and the {len(expected) - 6} "
@@ -215,31 +216,31 @@ def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
 
 def test_rerun_with_other_arguments_is_refused(tmp_path):
     out = make(tmp_path)
-    with pytest.raises(ValueError, match="other arguments"):
+    with pytest.raises(UserError, match="other arguments"):
         fineweb.main(str(tmp_path / "corpus.jsonl"), str(out), "text", 50, "t", 1)
 
 
 def test_fineweb_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="--input .*missing.jsonl does not exist"):
+    with pytest.raises(UserError, match="--input .*missing.jsonl does not exist"):
         fineweb.main(str(tmp_path / "missing.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
     for empty in ("empty.jsonl", "empty.txt"):  # refused alike: no documents
         (tmp_path / empty).write_text("\n" if empty.endswith(".jsonl") else "")
-        with pytest.raises(ValueError, match="is empty"):
+        with pytest.raises(UserError, match="is empty"):
             fineweb.main(str(tmp_path / empty), str(tmp_path / "o"), "text", 100, "t", 1)
     write_docs(tmp_path / "body.jsonl", ["x"], field="body")
-    with pytest.raises(ValueError, match=r"body.jsonl:1: no field 'text' \(fields: id, body\)"):
+    with pytest.raises(UserError, match=r"body.jsonl:1: no field 'text' \(fields: id, body\)"):
         fineweb.main(str(tmp_path / "body.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": oops}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+    with pytest.raises(UserError, match="bad.jsonl:2: not valid JSON"):
         fineweb.main(str(tmp_path / "bad.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
     (tmp_path / "nulls.jsonl").write_text('{"text": null}\n')
-    with pytest.raises(ValueError, match="NoneType, not str"):
+    with pytest.raises(UserError, match="NoneType, not str"):
         fineweb.main(str(tmp_path / "nulls.jsonl"), str(tmp_path / "o"), "text", 100, "t", 1)
     (tmp_path / "nothing").mkdir()
-    with pytest.raises(ValueError, match="holds no .jsonl"):
+    with pytest.raises(UserError, match="holds no .jsonl"):
         fineweb.main(str(tmp_path / "nothing"), str(tmp_path / "o"), "text", 100, "t", 1)
     assert not os.path.exists(tmp_path / "o")  # no empty out_dir left by any of them
-    with pytest.raises(ValueError, match="token id 70000 does not fit in uint16"):
+    with pytest.raises(UserError, match="token id 70000 does not fit in uint16"):
         write_shard(str(tmp_path / "x.bin"), [1, 70000])
     assert not os.path.exists(tmp_path / "x.bin") and not os.path.exists(tmp_path / "x.bin.tmp")
 
@@ -269,9 +270,9 @@ def test_bad_shard_files(tmp_path):
     }
     for name, (content, match) in cases.items():
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(UserError, match=match):
             load_shard(str(tmp_path / name))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         load_shard(str(tmp_path / "nope.bin"))
 
 
@@ -368,15 +369,15 @@ def test_npy_shards_of_another_kind_are_one_line(tmp_path):
                          (np.zeros((4, 25), dtype=np.uint16), r"holds a uint16 array of shape \(4, 25\)")]:
         bad = os.path.join(npys, "edufineweb_train_000009.npy")
         np.save(bad, array)
-        with pytest.raises(ValueError, match=match + ".*one uint16 array"):
+        with pytest.raises(UserError, match=match + ".*one uint16 array"):
             DataLoaderLite(1, 8, data_root=npys)
     with open(bad, "wb") as f:
         f.write(b"\x93NUMPY" + b"\x00" * 50)  # truncated
-    with pytest.raises(ValueError, match="edufineweb_train_000009.npy is not a readable .npy array"):
+    with pytest.raises(UserError, match="edufineweb_train_000009.npy is not a readable .npy array"):
         DataLoaderLite(1, 8, data_root=npys)
     os.remove(bad)
     write_shard(shard_path(npys, "edufineweb", "train", 9), np.arange(100))
-    with pytest.raises(ValueError, match="holds both .bin and .npy shards .*one dataset per folder"):
+    with pytest.raises(UserError, match="holds both .bin and .npy shards .*one dataset per folder"):
         DataLoaderLite(1, 8, data_root=npys)
 
 
@@ -448,12 +449,12 @@ def test_text_file_root(tmp_path):
 
 def test_loader_errors(tmp_path):
     root = toy_shards(tmp_path)
-    with pytest.raises(FileNotFoundError, match="python fineweb.py --out_dir"):
+    with pytest.raises(UserError, match="python fineweb.py --out_dir"):
         DataLoaderLite(1, 8, data_root=str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no val shards \(\*_val_\*.bin\)"):
+    with pytest.raises(UserError, match=r"no val shards \(\*_val_\*.bin\)"):
         DataLoaderLite(1, 8, split="val", data_root=str(tmp_path / "empty"))
-    with pytest.raises(ValueError,
+    with pytest.raises(UserError,
                        match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 4\*512\*2\+1"):
         DataLoaderLite(4, 512, 0, 2, data_root=root)
     for kw, match in [(dict(B=0, T=8), "B=0"), (dict(B=1, T=-1), "T=-1"),
@@ -462,11 +463,11 @@ def test_loader_errors(tmp_path):
         with pytest.raises(ValueError, match=match):
             DataLoaderLite(data_root=root, **kw)
     (tmp_path / "toy" / "toy_train_000009.bin").write_bytes(b"\x93NUMPY" + b"\x00" * 100)
-    with pytest.raises(ValueError, match="build-nanogpt"):
+    with pytest.raises(UserError, match="build-nanogpt"):
         DataLoaderLite(1, 8, data_root=root)
     os.remove(tmp_path / "toy" / "toy_train_000009.bin")
     state = DataLoaderLite(2, 8, 0, 2, data_root=root).state_dict()
-    with pytest.raises(ValueError, match="has T=8 but this loader has T=16"):
+    with pytest.raises(UserError, match="has T=8 but this loader has T=16"):
         DataLoaderLite(2, 16, 0, 1, data_root=root).load_state_dict(state)
 
 

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 import fineweb
 from checkpoint import checkpoints
+from errors import UserError
 from conftest import DOCS, ROOT, hellaswag_example, records, save_model, train, write_jsonl
 from dataloader import DataLoaderLite, load_shard
 from model import GPT, GPTConfig
@@ -112,11 +113,11 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     loss, bpb = plain_val(model, d / "shards", 1)
     assert math.isclose(val["val_loss"], loss, rel_tol=1e-5)
     assert math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
-    with pytest.raises(SystemExit, match="--eval_only=True evaluates given weights: set --init_from"):
+    with pytest.raises(UserError, match="--eval_only=True evaluates given weights: set --init_from"):
         train_gpt2.main(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"])
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "model_000002.pt").write_bytes(b"")
-    with pytest.raises(SystemExit, match="holds a training run's checkpoints: .*--log_dir=NEW"):
+    with pytest.raises(UserError, match="holds a training run's checkpoints: .*--log_dir=NEW"):
         train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'hf'}",
                                 f"--log_dir={tmp_path / 'train'}"])
     assert not os.path.exists(tmp_path / "x")  # refused before any log_dir is made

@@ -138,7 +138,7 @@ import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from accounting import training_memory
 from model import GPT, GPTConfig
-from optimizers import adamw
+from optimizers import ROLES, make_optimizers
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 config = GPTConfig(block_size=64, vocab_size=50304, n_layer=3, n_head=2, n_embd=48)
@@ -146,7 +146,7 @@ model = GPT(config)
 for block in model.transformer.h:
     fully_shard(block)
 fully_shard(model)
-opt = adamw(model.parameters(), 0.1, 1e-3, "cpu")
+opt, = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 1e-3), fused=False)
 x = torch.randint(0, 50257, (2, 64))
 model(x, x)[1].backward()
 opt.step()

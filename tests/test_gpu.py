@@ -4,12 +4,13 @@ import pytest
 import torch
 
 import gpu_check
+import runtime
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def test_a_fused_attention_kernel_is_used():
-    ok, detail = gpu_check.check_attention("cuda")
+    ok, detail = gpu_check.check_attention(runtime.setup("cuda"))
     assert ok, detail
 
 

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import hellaswag
+from errors import UserError
 from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
 from conftest import hellaswag_example as example
 from model import GPT, GPTConfig
+from runtime import Runtime
 from tokenizer import get_encoding
 
 SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
@@ -93,8 +95,8 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
 def test_batched_equals_unbatched(models, batch_size):
     model = models
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
-    ref = hellaswag.evaluate_unbatched(model, examples, "cpu")
-    got = hellaswag.evaluate(model, examples, "cpu", batch_size=batch_size)
+    ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
+    got = hellaswag.evaluate(model, examples, Runtime(), batch_size=batch_size)
     assert got["predictions"] == ref["predictions"]
     assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"],
                                                        ref["acc_norm"]) and got["n"] == 20
@@ -104,8 +106,8 @@ def test_batched_equals_unbatched(models, batch_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
-    single = hellaswag.evaluate(model, examples, "cpu", batch_size=4)
-    parts = [hellaswag.evaluate(model, examples, "cpu", 4, rank, world_size) for rank in range(world_size)]
+    single = hellaswag.evaluate(model, examples, Runtime(), batch_size=4)
+    parts = [hellaswag.evaluate(model, examples, Runtime(rank=rank, world_size=world_size), 4) for rank in range(world_size)]
     indices = [i for p in parts for i, _, _ in p["predictions"]]
     assert sorted(indices) == list(range(10))  # every example once
     assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
@@ -117,18 +119,18 @@ def test_labels_and_bad_examples(tmp_path):
     for bad, match in [({**example(0), "label": "x"}, "integer "
                                                       "label"), ({**example(0), "label": 4}, "label 0-3"),
                        ({**example(0), "endings": ["a", "b"]}, "4 strings"), ({"ctx": "c"}, "needs ctx")]:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(UserError, match=match):
             hellaswag.normalize(bad, "where")
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(example(0)) + "\n{broken\n")
-    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+    with pytest.raises(UserError, match="bad.jsonl:2: not valid JSON"):
         hellaswag.load_examples(str(path))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         hellaswag.load_examples(str(tmp_path / "missing.jsonl"))
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
-    with pytest.raises(ValueError, match="no HellaSwag examples"):
+    with pytest.raises(UserError, match="no HellaSwag examples"):
         hellaswag.load_examples(empty)
-    with pytest.raises(ValueError, match="no HellaSwag examples"):
+    with pytest.raises(UserError, match="no HellaSwag examples"):
         hellaswag.load_examples(write_jsonl(tmp_path / "one.jsonl", [example(0)]), limit=0)
 
 
@@ -172,7 +174,7 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch, posix):
 def test_cli_single_and_torchrun_gloo(model, tmp_path):
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(11)])
     ckpt = save_model(model, tmp_path / "model.pt")
-    ref = hellaswag.evaluate_unbatched(model, hellaswag.load_examples(data), "cpu")
+    ref = hellaswag.evaluate_unbatched(model, hellaswag.load_examples(data), Runtime())
     line = re.compile(r"hellaswag: (\d+) examples, acc (\S+), acc_norm (\S+), \S+ examples/s")
     args = ["hellaswag.py", "--model", ckpt, "--data", data, "--device", "cpu", "--batch_size", "4"]
     outs = [subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True),
@@ -202,7 +204,7 @@ def test_download_failure_names_the_way_out(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.setattr(hellaswag, "hub_online", lambda: True)  # reachable, then the download fails
-    with pytest.raises(OSError) as e:
+    with pytest.raises(UserError) as e:
         hellaswag.load_examples(cache_dir=str(tmp_path))
     assert str(e.value) == ("could not download HellaSwag (Couldn't reach 'Rowan/hellaswag' on the Hub "
                             "(LocalEntryNotFoundError)); offline, pass a local copy of hellaswag_val.jsonl "
@@ -224,7 +226,7 @@ def test_offline_download_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
-    with pytest.raises(OSError, match="the Hugging Face Hub cannot be reached; offline, pass a local copy of "
+    with pytest.raises(UserError, match="the Hugging Face Hub cannot be reached; offline, pass a local copy of "
                                       "hellaswag_val.jsonl .* with --data"):
         hellaswag.load_examples(cache_dir=str(tmp_path / "hs"))
     assert not os.path.exists(tmp_path / "hs")

@@ -13,7 +13,8 @@ from accounting import count_params, flops_per_token, mfu, peak_flops, training_
 from conftest import ROOT, assert_one_line_error, script
 import model
 from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
-from optimizers import adamw, make_optimizers, muon
+from errors import UserError
+from optimizers import make_optimizers
 
 
 def tiny(**kw):
@@ -47,46 +48,102 @@ def test_weight_tying_and_init():
     assert torch.all(m.transformer.h[0].attn.c_attn.bias == 0)
 
 
-def test_gpt2_124m_parameter_count_and_optimizer_groups():
+def groups_by_role(opt):
+    return {g["role"]: g for g in opt.param_groups}
+
+
+def test_gpt2_124m_parameter_count_and_optimizer_roles():
+    """AdamW's groups are named by role, every parameter in exactly one: wte (= lm_head) the embedding's,
+    the other matrices decayed, biases and LayerNorm gains not. Muon takes the blocks' 48 weight matrices."""
     with torch.device("meta"):
         m = GPT(GPTConfig())
         assert m.num_params() == 124_439_808 == count_params(GPTConfig())
         m = GPT(GPTConfig(vocab_size=50304))
-    opt = adamw(m.parameters(), weight_decay=0.1, lr=6e-4, device_type="cpu")
-    decay, no_decay = opt.param_groups
-    assert (len(decay["params"]), sum(p.numel() for p in decay["params"])) == (50, 124_354_560)
-    assert (len(no_decay["params"]), sum(p.numel() for p in no_decay["params"])) == (98, 121_344)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    peaks = {"muon": 0.02, "decay": 6e-4, "no_decay": 6e-4, "embedding": 6e-4, "head": 6e-4}
+    opt, = make_optimizers(m, "adamw", 0.1, peaks, fused=False)
+    g = groups_by_role(opt)
+    assert list(g) == ["decay", "no_decay", "embedding"]  # tied: no head of its own
+    size = {role: (len(group["params"]), sum(p.numel() for p in group["params"])) for role, group in g.items()}
+    assert size["embedding"] == (1, 50304 * 768) and size["no_decay"] == (98, 121_344)
+    assert size["decay"][1] + size["embedding"][1] == 124_354_560  # the 48 block matrices, wpe and wte
+    assert g["decay"]["weight_decay"] == g["embedding"]["weight_decay"] == 0.1 and g["no_decay"]["weight_decay"] == 0
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8 and not opt.defaults["fused"]
-    # Muon: the blocks' 48 weight matrices (4 a block); AdamW: the embeddings (wte = lm_head, wpe) with decay,
-    # biases and LayerNorm without; every parameter in exactly one group
-    muon_opt, adamw_opt = muon(m, weight_decay=0.1, adamw_lr=6e-4, muon_lr=0.02, device_type="cpu")
-    (matrices,), (emb, rest) = [g["params"] for g in muon_opt.param_groups], adamw_opt.param_groups
+    muon_opt, adamw_opt = make_optimizers(m, "muon", 0.1, peaks, fused=False)
+    (matrices,) = [g["params"] for g in muon_opt.param_groups]
     names = {id(p): n for n, p in m.named_parameters()}
     assert len(matrices) == 48 and all(p.dim() == 2 and names[id(p)].startswith("transformer.h.")
                                        for p in matrices)
-    assert sorted(names[id(p)] for p in emb["params"]) == ["transformer.wpe.weight", "transformer.wte.weight"]
-    assert emb["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and len(rest["params"]) == 98
-    grouped = [id(p) for p in matrices + emb["params"] + rest["params"]]
-    assert sorted(grouped) == sorted(names)
-    assert muon_opt.defaults["lr"] == 0.02 and adamw_opt.defaults["lr"] == 6e-4
+    g = groups_by_role(adamw_opt)
+    assert [names[id(p)] for p in g["decay"]["params"]] == ["transformer.wpe.weight"]
+    grouped = [id(p) for opt in (muon_opt, adamw_opt) for group in opt.param_groups for p in group["params"]]
+    assert sorted(grouped) == sorted(names)  # every parameter in exactly one group
+    assert muon_opt.param_groups[0]["lr"] == 0.02 and muon_opt.param_groups[0]["role"] == "muon"
 
 
 @pytest.mark.parametrize("untied", [True, False])
-def test_embedding_and_head_get_their_own_learning_rates(untied):
-    """embed_lr and head_lr: wte's and an untied lm_head's own AdamW groups, at the peak given for 768 wide x
-    sqrt(768 / n_embd) (nanochat's scaling); the rest at max_lr. A tied lm_head is wte: embed_lr's."""
+def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
+    """The groups are the same whatever the peaks are (they were keyed by their peak: an embed_lr that, scaled,
+    equals max_lr merged two groups, and a resume that changed max_lr could not fit the saved state); each
+    group takes its role's peak. role_peaks scales embed_lr and head_lr by sqrt(768 / n_embd) (nanochat's
+    rule); a tied lm_head is wte: the embedding's."""
+    import train_gpt2
     m = GPT(tiny(untied_head=untied, n_embd=48))
-    cfg = dict(optimizer="muon", weight_decay=0.1, max_lr=6e-3, muon_lr=0.02, embed_lr=0.2, head_lr=0.004)
-    (muon_opt, muon_peaks), (adamw_opt, peaks) = make_optimizers(m, cfg, "cpu")
-    assert muon_peaks == [0.02] and peaks == [g["lr"] for g in adamw_opt.param_groups]
-    lr = {id(p): g["lr"] for g in adamw_opt.param_groups for p in g["params"]}
-    assert lr[id(m.transformer.wte.weight)] == pytest.approx(0.2 * 4)  # sqrt(768 / 48) = 4
-    assert lr[id(m.lm_head.weight)] == pytest.approx((0.004 if untied else 0.2) * 4)
-    rest = [p for n, p in m.named_parameters() if n.endswith("bias") or n == "transformer.wpe.weight"]
-    assert rest and all(lr[id(p)] == 6e-3 for p in rest)
-    (opt, peaks), = make_optimizers(m, {**cfg, "optimizer": "adamw", "embed_lr": 0.0, "head_lr": 0.0}, "cpu")
-    assert peaks == [6e-3, 6e-3]  # GPT-2's recipe: one peak, matrices decayed and the rest not
+    s = train_gpt2.Settings(optimizer="muon", max_lr=6e-3, embed_lr=0.2, head_lr=0.004)
+    peaks = train_gpt2.role_peaks(s, 48)
+    assert peaks["embedding"] == pytest.approx(0.2 * 4) and peaks["head"] == pytest.approx(0.004 * 4)
+    assert train_gpt2.role_peaks(train_gpt2.Settings(max_lr=6e-3), 48)["embedding"] == 6e-3  # 0: max_lr
+    structures = []
+    for peak in ({**peaks, "embedding": 6e-3}, peaks, dict.fromkeys(peaks, 6e-3)):  # equal peaks: no merging
+        opts = make_optimizers(m, "muon", 0.1, peak, fused=False)
+        structures.append([[(g["role"], len(g["params"])) for g in opt.param_groups] for opt in opts])
+        lr = {id(p): g["lr"] for opt in opts for g in opt.param_groups for p in g["params"]}
+        assert lr[id(m.lm_head.weight)] == peak["head" if untied else "embedding"]
+        assert lr[id(m.transformer.h[0].attn.c_attn.bias)] == peak["no_decay"]
+    assert structures[0] == structures[1] == structures[2]
+    assert structures[0][1][-1][0] == ("head" if untied else "embedding")
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="the reference, torch.optim.Muon, needs torch >= 2.9")
+def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
+    """optimizers.Muon against torch.optim.Muon(adjust_lr_fn="original") as the reference, over 3 steps: a
+    plain matrix gets torch's update bit for bit; the fused c_attn (Q, K, V rows, here with 2 K/V heads of
+    4) gets what torch's Muon gives three separate matrices holding those rows."""
+    from optimizers import Muon
+    torch.manual_seed(0)
+    C, kv = 32, 16
+    fused = torch.nn.Parameter(torch.randn(C + 2 * kv, C))
+    mlp = torch.nn.Parameter(torch.randn(4 * C, C))  # tall: its step is scaled by sqrt(4)
+    parts = [torch.nn.Parameter(t.detach().clone()) for t in fused.split([C, kv, kv])]
+    mlp_ref = torch.nn.Parameter(mlp.detach().clone())
+    ours = Muon([{"params": [fused, mlp], "lr": 0.02, "weight_decay": 0.1}], splits={id(fused): [C, kv, kv]})
+    ref = torch.optim.Muon(parts + [mlp_ref], lr=0.02, weight_decay=0.1, adjust_lr_fn="original")
+    for _ in range(3):
+        g_fused, g_mlp = torch.randn_like(fused), torch.randn_like(mlp)
+        fused.grad, mlp.grad, mlp_ref.grad = g_fused, g_mlp, g_mlp.clone()
+        for p, g in zip(parts, g_fused.split([C, kv, kv])):
+            p.grad = g.clone()
+        ours.step()
+        ref.step()
+    assert torch.equal(mlp, mlp_ref)
+    assert torch.equal(fused.detach(), torch.cat([p.detach() for p in parts]))
+
+
+def test_muon_gives_q_k_and_v_each_a_whole_orthogonal_step():
+    """With c_attn orthogonalized as one matrix, Q's and K's parts of the update had singular values of
+    ~0.07 x lr (V took most of the step); as three matrices each part's are ~lr, like attn.c_proj's."""
+    from optimizers import Muon, qkv_splits
+    torch.manual_seed(0)
+    m = GPT(tiny(n_embd=64, n_head=4))
+    x = torch.randint(0, 512, (4, 32))
+    m(x, x.roll(-1, 1))[1].backward()
+    attn = m.transformer.h[0].attn
+    before = {n: p.detach().clone() for n, p in (("qkv", attn.c_attn.weight), ("proj", attn.c_proj.weight))}
+    Muon([{"params": [attn.c_attn.weight, attn.c_proj.weight], "lr": 1.0}], splits=qkv_splits(m)).step()
+    update = {n: before[n] - p.detach() for n, p in (("qkv", attn.c_attn.weight), ("proj", attn.c_proj.weight))}
+    median = {name: torch.linalg.svdvals(u.float()).median().item()
+              for name, u in zip("qkv", update["qkv"].split(64))}
+    median["proj"] = torch.linalg.svdvals(update["proj"]).median().item()
+    assert all(0.5 < v < 1.5 for v in median.values()), median
 
 
 MODERN = {name: True for name in GPTConfig.MODERN}
@@ -116,7 +173,7 @@ def test_modern_options():
     assert abs(loss.item() - math.log(512)) < 1e-5
     h = torch.randn(5)
     assert torch.equal(m.transformer.h[0].mlp.act(h), torch.relu(h) ** 2)
-    with pytest.raises(ValueError, match="rotary=True, qk_norm=True, relu2=True, untied_head=True, "
+    with pytest.raises(UserError, match="rotary=True, qk_norm=True, relu2=True, untied_head=True, "
                        "rmsnorm=True, embed_norm=True: Hugging Face GPT-2 has no such option"):
         m.save_pretrained("/nonexistent")
     # embed_norm: what enters the first block does not depend on the embeddings' scale
@@ -183,19 +240,20 @@ def test_ignore_index_targets():
 
 
 def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
-    """Training on a CPU computes the head and the loss in chunks with the gradients in the forward
-    (ChunkedHeadLoss): the same loss and gradients as the plain lm_head + cross_entropy of eval mode, over
-    several chunks (the last one short), with ignored targets and the loss scaled before backward (fp16)."""
+    """chunked=True computes the head and the loss in chunks with the gradients in the forward
+    (ChunkedHeadLoss, how a CPU trains): the same loss and gradients as the plain lm_head + cross_entropy,
+    over several chunks (the last one short), with ignored targets and the loss scaled before backward
+    (fp16), in train mode or not: the call means the same whatever the model's mode or device."""
     monkeypatch.setattr(model.ChunkedHeadLoss, "CHUNK", 7)
     x = torch.randint(0, 512, (2, 16))
     y = x.roll(-1, 1)
     y[0, :5] = -1
     results = []
-    for train in (True, False):
-        m = build(tiny()).train(train)
-        logits, loss = m(x, y)
+    for chunked in (True, False):
+        m = build(tiny()).train(not chunked)
+        logits, loss = m(x, y, chunked=chunked)
         (loss * 2.5).backward()
-        assert (logits is None) == train
+        assert (logits is None) == chunked
         results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
     (chunked, g0), (plain, g1) = results
     assert torch.allclose(chunked, plain, rtol=1e-6, atol=0), (chunked, plain)
@@ -237,7 +295,7 @@ def test_kv_cache_size(n_kv_head):
     cache = KVCache(c, batch_size=3)
     m(torch.randint(0, 512, (3, 5)), cache=cache)
     assert cache.pos == 5
-    assert cache.nbytes() == 2 * c.n_layer * 3 * n_kv_head * c.block_size * c.head_dim * 4  # k and v, fp32
+    assert cache.k.shape == cache.v.shape == (c.n_layer, 3, n_kv_head, c.block_size, c.head_dim)
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
@@ -390,21 +448,21 @@ def test_offline_name_is_one_line(tmp_path):
 
 
 def test_hf_errors(tmp_path):
-    with pytest.raises(ValueError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
+    with pytest.raises(UserError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
         GPT.from_pretrained("gpt3")
-    with pytest.raises(FileNotFoundError, match="config.json does not exist"):
+    with pytest.raises(UserError, match="config.json does not exist"):
         GPT.from_pretrained(str(tmp_path))
     build(tiny()).save_pretrained(tmp_path / "ok")
     path = tmp_path / "ok" / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(ValueError, match="model.safetensors is damaged"):
+    with pytest.raises(UserError, match="model.safetensors is damaged"):
         GPT.from_pretrained(str(tmp_path / "ok"))
-    with pytest.raises(ValueError, match="multi-query"):
+    with pytest.raises(UserError, match="multi-query"):
         build(tiny(n_kv_head=1)).save_pretrained(tmp_path)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=8, activation_function="relu"))
     hf.save_pretrained(tmp_path / "relu")
-    with pytest.raises(ValueError, match="activation_function='relu'"):
+    with pytest.raises(UserError, match="activation_function='relu'"):
         GPT.from_pretrained(str(tmp_path / "relu"))
 
 
@@ -474,7 +532,6 @@ def _saved_bytes(model, x, y, dtype):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_head):
-    monkeypatch.setattr(GPT, "chunked_loss", lambda *args: False)  # the estimate is of a GPU's training step
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, n_kv_head=n_kv_head)
     m = build(c).train()
     x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
@@ -484,7 +541,6 @@ def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_he
 
 
 def test_activation_memory_estimate_with_checkpointing(monkeypatch):
-    monkeypatch.setattr(GPT, "chunked_loss", lambda *args: False)  # the estimate is of a GPU's training step
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, grad_checkpoint=True)
     m = build(c).train()
     x, y = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
@@ -508,7 +564,7 @@ def test_activation_memory_estimate_with_checkpointing(monkeypatch):
     (dict(vocab_size=1.5), "vocab_size=1.5"),
 ])
 def test_config_errors(kw, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UserError, match=match):
         tiny(**kw)
 
 
@@ -539,7 +595,7 @@ def test_pick_device_and_dtype(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["cuda"])
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: gpus["mps"])
     assert pick_device() == "cpu" and resolve_dtype("auto", "cpu") == "fp32"
-    with pytest.raises(ValueError, match="--device=mps but torch sees no mps device"):
+    with pytest.raises(UserError, match="--device=mps but torch sees no mps device"):
         pick_device("mps")
     gpus["mps"] = True  # an Apple GPU: picked when there is no CUDA, fp32 unless asked otherwise
     assert pick_device() == "mps" and pick_device("mps") == "mps" and resolve_dtype("auto", "mps") == "fp32"
@@ -553,52 +609,48 @@ def test_pick_device_and_dtype(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         assert resolve_dtype("auto", "cuda:0") == want, capability
     assert resolve_dtype("fp32", "cuda") == "fp32" and resolve_dtype("bf16", "cpu") == "bf16"
-    with pytest.raises(ValueError, match="--device='tpu'"):
+    with pytest.raises(UserError, match="--device='tpu'"):
         pick_device("tpu")
-    with pytest.raises(ValueError, match="--dtype='half'"):
+    with pytest.raises(UserError, match="--dtype='half'"):
         resolve_dtype("half", "cpu")
     with autocast("cpu", "fp16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
     with autocast("cpu", "bf16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-    with autocast("cpu"):
+    with autocast("cpu", "fp32"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 9)])
 def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
-    """dtype=auto on CUDA is resolved in runtime.start() after set_device, from the capability of the rank's
-    own GPU (local rank 1 here: cuda:1), never from GPU 0; an explicit bf16 on a GPU without bf16 tensor
-    cores runs as asked, with a NOTE naming --dtype=auto."""
+    """runtime.setup() under torchrun (local rank 1 of 2 here: cuda:1): the process group with a 30-minute
+    collective timeout, then set_device, and only then dtype=auto from the capability of the rank's own GPU,
+    never GPU 0's; the smallest GPU memory of the ranks. An explicit bf16 on a GPU without bf16 tensor cores
+    runs as asked, with a NOTE naming --dtype=auto."""
     import runtime
-    calls = []
+    calls, groups = [], []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
     monkeypatch.setattr(torch.cuda, "get_device_capability",
                         lambda device=None: calls.append(("capability", str(device))) or capability)
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda precision: None)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda precision: calls.append(precision))
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "pick_device", lambda name: "cuda")
     monkeypatch.setattr(runtime, "device_memory", lambda device: 80 * 2**30)
-    rt = runtime.processes("cuda", "auto")
-    assert rt.dtype == "auto" and calls == []  # nothing asked of any GPU before set_device
-    rt.distributed = False  # no process group in this test
-    assert runtime.start(rt, compile=False) == []
-    assert rt.device == "cuda:1" and rt.dtype == ("fp16" if capability < (8, 0) else "bf16")
-    assert calls[0] == ("set_device", "cuda:1") and set(calls[1:]) == {("capability", "cuda:1")}
-    groups = []
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append((a, k)))
-    monkeypatch.setattr(runtime.dist, "all_gather_object", lambda out, obj: out.__setitem__(slice(None),
-                                                                                             [obj] * 2))
-    rt = runtime.Runtime(local_rank=1, world_size=2, distributed=True, kind="cuda", dtype="bf16",
-                         device="cuda")
-    notes = runtime.start(rt, compile=False)
-    assert rt.dtype == "bf16"
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(runtime.dist, "all_gather_object",
+                        lambda out, obj: out.__setitem__(slice(None), [obj, 40 * 2**30]))
+    rt = runtime.setup("cuda", "auto")
+    assert (rt.rank, rt.world_size, rt.device) == (1, 2, "cuda:1") and rt.memory == 40 * 2**30
+    assert rt.dtype == ("fp16" if capability < (8, 0) else "bf16") and rt.notes == []
+    assert calls[:2] == [("set_device", "cuda:1"), "high"] and set(calls[2:]) == {("capability", "cuda:1")}
     # NCCL would abort the ranks waiting for a checkpoint after its default 10 minutes
     assert groups == [(("nccl",), {"timeout": datetime.timedelta(minutes=30)})]
+    rt = runtime.setup("cuda", "bf16")
+    assert rt.dtype == "bf16"
     if capability < (8, 0):
-        assert len(notes) == 1 and "compute capability 7.5" in notes[0] and "--dtype=auto" in notes[0]
+        assert len(rt.notes) == 1 and "compute capability 7.5" in rt.notes[0] and "--dtype=auto" in rt.notes[0]
     else:
-        assert notes == []
+        assert rt.notes == []

@@ -9,8 +9,10 @@ import torch
 
 import plot
 import sample
+from errors import UserError
 from conftest import ROOT, save_model, script
 from model import GPT, GPTConfig
+from runtime import Runtime
 from tokenizer import get_encoding
 
 
@@ -59,15 +61,15 @@ def test_sample_cli(checkpoint, tmp_path):
 
 def test_sample_matches_generate_and_is_seeded(checkpoint):
     _, model = checkpoint
-    texts, tok_s = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, "cpu")
+    texts, tok_s = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
     enc = get_encoding()
     idx = torch.tensor([enc.encode_ordinary("To be")] * 3)
     ref = model.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(7))
     assert texts == [enc.decode(row.tolist()) for row in ref] and tok_s > 0
-    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 7, "cpu")[0] == texts
-    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 8, "cpu")[0] != texts
+    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())[0] == texts
+    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 8, Runtime())[0] != texts
     # empty prompt
-    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, "cpu")[0][0]) > len("<|endoftext|>")
+    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
 
 
 def test_sample_errors(tmp_path):
@@ -148,8 +150,8 @@ def test_plot_errors(tmp_path):
     r = script("plot.py", "--log", str(tmp_path / "nope.jsonl"))
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr
     write_log(tmp_path / "start.jsonl", [{"event": "start", "step": 0}])
-    with pytest.raises(ValueError, match="no loss or evaluation records"):
+    with pytest.raises(UserError, match="no loss or evaluation records"):
         plot.load_metrics(str(tmp_path / "start.jsonl"))
     write_log(tmp_path / "bad.jsonl", [], tail="not json\n{}\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
+    with pytest.raises(UserError, match="bad.jsonl:1: not valid JSON"):
         plot.load_metrics(str(tmp_path / "bad.jsonl"))

@@ -5,6 +5,8 @@ import shutil
 import pytest
 import tiktoken
 
+from errors import UserError
+
 import tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +51,7 @@ def test_identical_to_tiktokens_own_r50k_base(tmp_path, monkeypatch):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="gpt2.tiktoken"):
+    with pytest.raises(UserError, match="gpt2.tiktoken"):
         tokenizer.get_encoding(str(tmp_path / "gpt2.tiktoken"))
 
 
@@ -59,8 +61,8 @@ def test_altered_file(tmp_path):
     data[100] ^= 1
     bad = tmp_path / "gpt2.tiktoken"
     bad.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="sha256"):
+    with pytest.raises(UserError, match="sha256"):
         tokenizer.get_encoding(str(bad))
     bad.write_bytes(bytes(data[: len(data) // 2]))  # truncated
-    with pytest.raises(ValueError, match="altered or truncated"):
+    with pytest.raises(UserError, match="altered or truncated"):
         tokenizer.get_encoding(str(bad))

@@ -13,6 +13,7 @@ import torch
 
 import train_gpt2
 from checkpoint import checkpoints, resume_settings
+from errors import UserError
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
                       losses, records, run_args, train)
 
@@ -202,7 +203,7 @@ def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, 
 
 @pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
 def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text, case):
-    """Found while the model and data are built: a SystemExit with the one-line message (what the entry point
+    """Found while the model and data are built: a UserError with the one-line message (what the entry point
     prints, tested through it for the resume mistakes), and no log_dir left behind."""
     from dataloader import shard_path, write_shard
     monkeypatch.chdir(tmp_path)
@@ -212,42 +213,44 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
         with open(shard_path(tmp_path, "s", "train", 1), "wb") as f:
             f.write(b"not a shard" * 200)
         args.append(f"--data_root={tmp_path}")
-        match = r"error: .*s_train_000001.bin is not a token shard \(bad magic number\).*fineweb.py"
+        match = r".*s_train_000001.bin is not a token shard \(bad magic number\).*fineweb.py"
     elif case == "missing hellaswag":
         args += ["--hellaswag=5", f"--hellaswag_data={tmp_path / 'hs.jsonl'}"]
-        match = "error: .*hs.jsonl does not exist"
+        match = ".*hs.jsonl does not exist"
     else:
         args.append(f"--init_from={tmp_path}")
-        match = "error: .*config.json does not exist"
-    with pytest.raises(SystemExit, match=match) as e:
+        match = ".*config.json does not exist"
+    with pytest.raises(UserError, match=match) as e:
         train_gpt2.main(args)
     assert "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "log")  # and no empty log_dir left behind
 
 
 def test_resume_settings():
+    """What a resume may change: B (validating the same rows), learning rates and weight decay (noted);
+    what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
     from model import GPTConfig
+    Settings = train_gpt2.Settings
     saved = dict(train_gpt2.CONFIG, B=4, val_steps=2)
-    cfg, notes = resume_settings(saved, dict(saved, B=2, max_lr=1e-3), 2, 2, "log")
-    assert cfg["val_steps"] == 4 and cfg["max_lr"] == 1e-3
-    assert notes == ["B changed since the checkpoint: 4 -> 2",
-                     "max_lr changed since the checkpoint: 0.0006 -> 0.001",
+    s, notes = resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
+    assert s.val_steps == 4 and s.max_lr == 1e-3 and s.embed_lr == 0.2
+    assert notes == ["B changed since the checkpoint: 4 -> 2", "max_lr changed since the checkpoint: 0.0006 -> 0.001",
+                     "embed_lr changed since the checkpoint: 0.0 -> 0.2",
                      "val_steps changed since the checkpoint: 2 -> 4"]
-    cfg, _ = resume_settings(saved, dict(saved, B=2, val_steps=3), 2, 2, "log")  # val_steps as given
-    assert cfg["val_steps"] == 3
-    cfg, notes = resume_settings(saved, dict(saved, B=2), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
-    assert cfg["val_steps"] == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
+    s, _ = resume_settings(saved, Settings(**dict(saved, B=2, val_steps=3)), 2, 2, "log")  # val_steps as given
+    assert s.val_steps == 3
+    s, notes = resume_settings(saved, Settings(**dict(saved, B=2)), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
+    assert s.val_steps == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
-                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon"),
-                       ("weight_decay", 0.0), ("head_lr", 0.004)]:
-        with pytest.raises(SystemExit, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
-            resume_settings(saved, dict(saved, **{key: value}), 1, 1, "log")
+                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
+        with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
+            resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
     # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
-    assert resume_settings(old, dict(saved), 1, 1, "log")[1] == []
-    with pytest.raises(SystemExit, match="untied_head=False \\(now True\\)"):
-        resume_settings(old, dict(saved, untied_head=True), 1, 1, "log")
+    assert resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
+    with pytest.raises(UserError, match="untied_head=False \\(now True\\)"):
+        resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
@@ -287,7 +290,7 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
     rt.distributed = True
     where = tmp_path / "edu_fineweb10B"
-    with pytest.raises(SystemExit, match=rf"no shards in {where} \(data_root is relative to the directory "
+    with pytest.raises(UserError, match=rf"no shards in {where} \(data_root is relative to the directory "
                                          r"you run from\): make them there with `python fineweb"):
         train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
 
@@ -315,7 +318,7 @@ def test_size_and_recipe_presets():
     assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
-    with pytest.raises(SystemExit, match="--recipe='new': use gpt2"):
+    with pytest.raises(UserError, match="--recipe='new': use gpt2"):
         train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
     from accounting import count_params  # the presets are GPT-2's sizes
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
@@ -325,10 +328,11 @@ def test_size_and_recipe_presets():
 
 
 def test_lr_schedule():
-    cfg = dict(max_lr=1.0, min_lr_ratio=0.1, warmup_steps=10, max_steps=110)
-    assert train_gpt2.get_lr(0, cfg) == 0.1 and train_gpt2.get_lr(9, cfg) == 1.0
-    assert math.isclose(train_gpt2.get_lr(60, cfg), 0.55) and math.isclose(train_gpt2.get_lr(110, cfg), 0.1)
-    assert all(train_gpt2.get_lr(s, cfg) >= train_gpt2.get_lr(s + 1, cfg) for s in range(10, 120))
+    s = train_gpt2.Settings(min_lr_ratio=0.1, warmup_steps=10, max_steps=110)
+    assert train_gpt2.get_lr(0, 1.0, s) == 0.1 and train_gpt2.get_lr(9, 1.0, s) == 1.0
+    assert math.isclose(train_gpt2.get_lr(60, 1.0, s), 0.55) and math.isclose(train_gpt2.get_lr(110, 1.0, s), 0.1)
+    assert all(train_gpt2.get_lr(i, 1.0, s) >= train_gpt2.get_lr(i + 1, 1.0, s) for i in range(10, 120))
+    assert train_gpt2.get_lr(60, 0.004, s) == pytest.approx(0.004 * 0.55)  # each role from its own peak
 
 
 def test_help_lists_every_setting_from_the_settings_block():
@@ -349,16 +353,15 @@ def test_help_lists_every_setting_from_the_settings_block():
 
 
 def test_overrides_are_checked():
-    cfg = train_gpt2.CONFIG
     got = train_gpt2.parse_overrides(["--B=8", "--max_lr", "1e-3", "--compile=false",
-                                      "--total_batch_size=5.24288e5", "--log_dir", "x"], cfg)
+                                      "--total_batch_size=5.24288e5", "--log_dir", "x"])
     assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
     for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
                         (["--B=eight"], "--B='eight' is not a whole number"), (["--B=2.5"], "is not a whole"),
                         (["--compile=maybe"], "is not True or False"), (["B=3"], "expected --name=value"),
                         (["--B", "--T=3"], "--B needs a value: --B=VALUE")]:
-        with pytest.raises(SystemExit, match=match):
-            train_gpt2.parse_overrides(argv, cfg)
+        with pytest.raises(UserError, match=match):
+            train_gpt2.parse_overrides(argv)
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -377,28 +380,23 @@ def test_overrides_are_checked():
     (["--optimizer=muon", "--fsdp=True"], "--optimizer=muon does not work with --fsdp=True: .* drop --fsdp"),
 ])
 def test_bad_settings(tmp_path, argv, match):
-    with pytest.raises(SystemExit, match=match):
+    with pytest.raises(UserError, match=match):
         train_gpt2.main(TINY + [f"--log_dir={tmp_path}"] + argv)
 
 
-@pytest.mark.parametrize("setting", ["--optimizer=muon", "--fsdp=True"])
-def test_a_torch_too_old_for_a_setting_is_one_line(tmp_path, monkeypatch, setting):
-    """torch.optim.Muon came with torch 2.9 and FSDP2's fully_shard with 2.6 (requirements.txt allows 2.6):
-    hidden here, as on an older torch, the setting is refused at start-up in one line naming the version."""
+def test_a_torch_too_old_for_fsdp_is_one_line(tmp_path, monkeypatch):
+    """FSDP2's fully_shard came with torch 2.6: hidden here, as on an older torch, --fsdp=True is refused at
+    start-up in one line naming the version. (Muon is our own: it works on any torch requirements.txt
+    allows.)"""
     import torch.distributed.fsdp
-    if setting == "--optimizer=muon":
-        monkeypatch.delattr(torch.optim, "Muon")
-        match = r"--optimizer=muon needs torch >= 2.9 \(torch.optim.Muon\), this is .*--optimizer=adamw"
-    else:
-        monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
-        match = r"--fsdp=True needs torch >= 2.6 .*drop --fsdp"
-    with pytest.raises(SystemExit, match=match):
-        train_gpt2.main(TINY + [f"--log_dir={tmp_path}", setting])
+    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
+    with pytest.raises(UserError, match=r"--fsdp=True needs torch >= 2.6 .*drop --fsdp"):
+        train_gpt2.main(TINY + [f"--log_dir={tmp_path}", "--fsdp=True"])
 
 
 def test_scratch_over_existing_checkpoints_is_refused(tmp_path, text):
     (tmp_path / "model_000002.pt").write_bytes(b"")
-    with pytest.raises(SystemExit, match="holds checkpoints of an earlier run"):
+    with pytest.raises(UserError, match="holds checkpoints of an earlier run"):
         train_gpt2.main(TINY + [f"--log_dir={tmp_path}", f"--data_root={text}", "--init_from=scratch"])
 
 
@@ -443,10 +441,10 @@ def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, tex
             raise RuntimeError("backend compiler failed") from e
         raise e
     monkeypatch.setattr(model.GPT, "forward", out_of_memory)
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(UserError) as e:
         train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=2", f"--log_dir={tmp_path}"])
     msg = str(e.value)
-    assert msg.startswith("error: out of memory at B=4, T=32 (estimated ") and "\n" not in msg, msg
+    assert msg.startswith("out of memory at B=4, T=32 (estimated ") and "\n" not in msg, msg
     assert msg.endswith("GiB per process): try --B=2 (gradient accumulation keeps total_batch_size)"), msg
 
 
@@ -501,3 +499,20 @@ def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, statu
     r = subprocess.run([sys.executable, "-c", EXIT, str(tmp_path / "pg"), str(status)], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == status and r.stdout == "written before the exit", (r.returncode, r.stderr)
+
+
+def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
+    """val_steps larger than the validation split: a NOTE, and the loss of one pass over it (before, the
+    loader went round again and counted batches twice). The split of the tiny text holds 13 batches of 4 x 32
+    tokens."""
+    from dataloader import DataLoaderLite
+    args = TINY + [f"--data_root={text}", "--max_steps=1", "--eval_interval=1"]
+    assert DataLoaderLite(4, 32, 0, 1, "val", text).steps_per_epoch == 13
+    train_gpt2.main(args + ["--val_steps=100", f"--log_dir={tmp_path / 'many'}"])
+    assert ("NOTE: val_steps=100 but the validation split holds 13 batches of 4 x 32 tokens x 1 processes: "
+            "evaluating on those, once each") in capsys.readouterr().out
+    train_gpt2.main(args + ["--val_steps=13", f"--log_dir={tmp_path / 'once'}"])
+    assert "NOTE: val_steps" not in capsys.readouterr().out
+    many, once = ([r for r in records(tmp_path / name) if "val_loss" in r] for name in ("many", "once"))
+    assert records(tmp_path / "many")[0]["config"]["val_steps"] == 13
+    assert many[0]["val_loss"] == once[0]["val_loss"] and many[0]["val_bpb"] == once[0]["val_bpb"]
