@@ -9,11 +9,11 @@
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
 timed over train_gpt2.py's own training step (make_train_step: forward, backward, clip, AdamW) on fixed random
-tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median reported (a rung that runs out of
-memory says so). Then: where the last rung's step time goes (torch.profiler: cross-entropy, attention,
-optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation, accounting.py's memory
-estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax kernel
-(fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
+tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median reported (a
+rung that runs out of memory says so). Then: where the last rung's step time goes (torch.profiler:
+cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation,
+accounting.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
+kernel (fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
 
 --gpu-check verifies, then reports (one file; exit status 1 if a check fails): SDPA really runs a fused
 attention kernel, flash, cuDNN or memory-efficient, not the math fallback (torch.profiler; named in the
@@ -38,7 +38,7 @@ import torch
 import gpu_check
 import runtime
 from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
-from errors import UserError
+from errors import main_guard
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
 from runtime import autocast, device_name, is_out_of_memory, synchronize
@@ -417,7 +417,4 @@ def finish(report, out, failed):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    main_guard(main)

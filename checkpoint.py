@@ -142,7 +142,7 @@ def load_state(model, optimizers, ckpt, distributed):
     for opt, groups in zip(optimizers, mine):
         for group, own in zip(opt.param_groups, groups):
             group.update(own)
-            for p in group["params"] if own.get("fused") or own.get("capturable") else []:  # where they read it
+            for p in group["params"] if own.get("fused") or own.get("capturable") else []:  # where read
                 state = opt.state.get(p, {})
                 if torch.is_tensor(state.get("step")):
                     state["step"] = state["step"].to(p.device, torch.float32)
@@ -229,7 +229,7 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
     rows, saved_rows = s.B * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
     same_val_steps = s.val_steps == saved["val_steps"]
     if rows != saved_rows and same_val_steps and saved["val_steps"] * saved_rows % rows == 0:
-        s = dataclasses.replace(s, val_steps=saved["val_steps"] * saved_rows // rows)  # the same rows as before
+        s = dataclasses.replace(s, val_steps=saved["val_steps"] * saved_rows // rows)  # the same rows
     notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}"
              for k, v in dataclasses.asdict(s).items() if k != "init_from" and k in saved and saved[k] != v]
     if saved_world != world_size:
@@ -274,9 +274,9 @@ class Resume:
         roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
         if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
             raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
-                            f"{self.meta['roles']}, this code's {roles}): continue it with the code that wrote it, "
-                            f"or start from its weights with a fresh optimizer: --init_from={self.path} "
-                            f"--log_dir=NEW")
+                            f"{self.meta['roles']}, this code's {roles}): continue it with the code that "
+                            f"wrote it, or start from its weights with a fresh optimizer: "
+                            f"--init_from={self.path} --log_dir=NEW")
         load_state(model, optimizers, self.ckpt, rt.distributed)
         if scaler.is_enabled():  # fp16: continue with the loss scale it had reached
             scaler.load_state_dict(self.meta["scaler"])
@@ -320,8 +320,8 @@ def find_resume(s, given, rt, metrics_path):
         raise UserError(meta["error"])
     s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
     if meta["step"] >= s.max_steps:
-        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps={s.max_steps}): "
-               f"nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
+               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
         return s, Resume(meta, None, finished=True)
     print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)")
     for change in changes:

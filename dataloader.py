@@ -32,7 +32,7 @@ def to_uint16(tokens, where):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
         bad = tokens.max() if tokens.max() >= 2**16 else tokens.min()
         raise UserError(f"{where}: token id {bad} does not fit in uint16; shards hold vocabularies of at "
-                         "most 65,536 tokens (GPT-2 has 50,257)")
+                        "most 65,536 tokens (GPT-2 has 50,257)")
     return tokens.astype(np.uint16, copy=False)
 
 
@@ -62,19 +62,19 @@ def read_header(path):
         raise UserError(f"shard {path} does not exist") from None
     if head.startswith(b"\x93NUMPY"):
         raise UserError(f"{path} is a .npy file (build-nanogpt's shard format) named .bin: name it .npy, "
-                         f"the loader reads those")
+                        f"the loader reads those")
     header = np.frombuffer(head[: len(head) // 4 * 4], dtype=np.int32)
     if header.size < HEADER_INTS or header[0] != MAGIC:
         raise UserError(f"{path} is not a token shard (bad magic number): rerun the fineweb.py command that "
-                         "made it, which writes damaged shards again")
+                        "made it, which writes damaged shards again")
     if header[1] != VERSION:
         raise UserError(f"{path} has shard format version {header[1]}, this code reads version {VERSION}: "
-                         f"re-create it with `python fineweb.py`")
+                        f"re-create it with `python fineweb.py`")
     expected = HEADER_BYTES + 2 * int(header[2])
     if size != expected:
         raise UserError(f"{path} is {size:,} bytes but its header promises {expected:,} ({header[2]:,} "
-                         "uint16 tokens): it is truncated or not uint16; rerun the fineweb.py command that "
-                         "made it, which writes damaged shards again")
+                        "uint16 tokens): it is truncated or not uint16; rerun the fineweb.py command that "
+                        "made it, which writes damaged shards again")
     return header
 
 
@@ -91,7 +91,7 @@ def load_shard(path):
                             "made it") from None
         if tokens.dtype != np.uint16 or tokens.ndim != 1:
             raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}; a token shard is "
-                             "one uint16 array (as build-nanogpt's fineweb.py writes): re-create it")
+                            "one uint16 array (as build-nanogpt's fineweb.py writes): re-create it")
         return tokens
     n = int(read_header(path)[2])
     return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES, shape=(n,))
@@ -159,11 +159,11 @@ class DataLoaderLite:
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
             if rows < rows_per_step:
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
-                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
-                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
-                                 "(fineweb.py --shard_size)")
+                                f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
+                                f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
+                                "(fineweb.py --shard_size)")
         self.tokens_total = sum(len(t) for _, t in self.shards)
-        self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches in one pass
+        self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches a pass
         self.tokens_per_epoch = self.steps_per_epoch * rows_per_step * T  # input tokens served per epoch
         self.reset()
 
@@ -175,19 +175,19 @@ class DataLoaderLite:
             return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
         if not os.path.isdir(data_root):
             raise UserError(f"data_root {data_root} does not exist: create shards with `python "
-                                    f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
-                                    "such as input.txt")
+                            f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
+                            "such as input.txt")
         found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
                  + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
         if found[".bin"] and found[".npy"]:
             names = [os.path.basename(found[ext][0]) for ext in (".bin", ".npy")]
             raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
-                             "per folder; move one kind elsewhere")
+                            "per folder; move one kind elsewhere")
         ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
         if not paths:
             raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
-                                    f"`python fineweb.py --out_dir {data_root}`")
+                            f"`python fineweb.py --out_dir {data_root}`")
         return [(p, load_shard(p)) for p in paths]
 
     # -------------------------------------------------------------------------------------------- position
@@ -206,8 +206,8 @@ class DataLoaderLite:
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
                 raise UserError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "
-                                 f"loader has {key}={mine[key]!r}; an exact resume needs the same data and "
-                                 "sequence length")
+                                f"loader has {key}={mine[key]!r}; an exact resume needs the same data and "
+                                "sequence length")
         self.epoch, self.shard, self.row = state["epoch"], state["shard"], state["row"]
         self._plan()
         self._advance()  # with a larger B * num_processes than before, the shard's rest may not fill a step

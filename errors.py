@@ -3,10 +3,19 @@ too old for a setting. Its message is the whole line a user sees, naming what is
 entry points (train_gpt2.py, sample.py, hellaswag.py, fineweb.py, plot.py, bench.py) print it and exit 1.
 Anything else is a bug and keeps its traceback. No torch here: fineweb.py and dataloader.py raise it too.
 """
+import sys
 
 
 class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
+
+
+def main_guard(main):
+    """Run an entry point's main(): a UserError ends the process with its line on stderr and exit status 1."""
+    try:
+        main()
+    except UserError as e:
+        sys.exit(f"error: {e}")
 
 
 def first_line(e):

@@ -61,12 +61,12 @@ def iter_file(path, text_field):
         pf = pq.ParquetFile(path)
         if text_field not in pf.schema_arrow.names:
             raise UserError(f"{path} has no column {text_field!r} (columns: "
-                             f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
+                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             yield from batch.column(0).to_pylist()
     else:
         raise UserError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a "
-                         "folder of them, or a datasets.save_to_disk folder")
+                        "folder of them, or a datasets.save_to_disk folder")
 
 
 def field(row, text_field, where):
@@ -86,8 +86,8 @@ def iter_documents(input_path, text_field):
             ds = load_dataset(REMOTE, name=REMOTE_CONFIG, split="train", streaming=True)
         except Exception as e:  # offline, no datasets package, Hub outage: the same way out
             raise UserError(f"could not stream {REMOTE} ({REMOTE_CONFIG}) from the Hugging Face Hub "
-                          f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
-                          "files, a folder of them, or a datasets.save_to_disk folder") from None
+                            f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
+                            "files, a folder of them, or a datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
     if not os.path.exists(input_path):
         raise UserError(f"--input {input_path} does not exist")
@@ -99,7 +99,7 @@ def iter_documents(input_path, text_field):
     files = sorted(p for p in everything if p.endswith(EXTENSIONS))
     if not files:
         raise UserError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
-                         f"datasets.save_to_disk folder")
+                        f"datasets.save_to_disk folder")
     return (doc for p in files for doc in iter_file(p, text_field))
 
 
@@ -112,7 +112,7 @@ def iter_saved_dataset(path, text_field):
         ds = ds["train"]
     if text_field not in ds.column_names:
         raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}): "
-                         f"pass --text_field")
+                        f"pass --text_field")
     for batch in ds.iter(batch_size=1024):
         yield from batch[text_field]
 
@@ -185,7 +185,7 @@ def complete_shards(out_dir, prefix, fingerprint):
             break
         if header[6] != fingerprint:
             raise UserError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
-                             f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
+                            f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
         headers.append(header)
     return headers
 
@@ -209,14 +209,14 @@ def make_out_dir(out_dir):
         os.remove(probe)
     except OSError as e:
         raise UserError(f"--out_dir {out_dir} cannot be created or written ({e.strerror}): choose another "
-                      f"--out_dir") from None
+                        f"--out_dir") from None
 
 
 def refuse_mixing(out_dir, prefix):
     other = foreign_shards(out_dir, prefix) if os.path.isdir(out_dir) else []
     if other:
         raise UserError(f"{out_dir} already holds other shards ({os.path.basename(other[0])}, ...), which "
-                         f"the loader would mix with these: choose another --out_dir")
+                        f"the loader would mix with these: choose another --out_dir")
 
 
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
@@ -313,7 +313,7 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
         from huggingface_hub import hf_hub_download
     except ImportError:
         raise UserError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
-                      "requirements.txt)") from None
+                        "requirements.txt)") from None
     from runtime import hub_online  # here: runtime imports torch, which fineweb.py needs nowhere else
     online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
     new = not os.path.exists(out_dir)
@@ -326,10 +326,10 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
             if new and not os.listdir(out_dir):  # nothing left behind by a run that got nothing
                 os.rmdir(out_dir)
             raise UserError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
-                          f"internet, tokenize local files with --input instead") from None
+                            f"internet, tokenize local files with --input instead") from None
         if not whole(cached):
             raise UserError(f"the downloaded {name} is not a whole token shard (wrong header or size): "
-                             f"delete {os.path.realpath(cached)} (the Hugging Face cache's copy) and rerun")
+                            f"delete {os.path.realpath(cached)} (the Hugging Face cache's copy) and rerun")
         place(cached, os.path.join(out_dir, name))
     print(f"fineweb: {len(names)} shards ({names[0]} + {len(names) - 1} train) in {out_dir}")
 

@@ -39,11 +39,11 @@ def normalize(example, where):
         ctx, endings, label = example["ctx"], list(example["endings"]), int(example["label"])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{where}: not a HellaSwag example (needs ctx, endings and an integer "
-                         f"label): {e!r}") from None
+                        f"label): {e!r}") from None
     if not isinstance(ctx, str) or len(endings) != 4 or not all(isinstance(e, str) for e in endings) \
             or not 0 <= label < 4:
         raise UserError(f"{where}: not a HellaSwag example (ctx must be a string, endings 4 strings, label "
-                         "0-3)")
+                        "0-3)")
     return {"ctx": ctx, "endings": endings, "label": label}
 
 
@@ -55,11 +55,11 @@ def download(cache_dir):
         from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
     except ImportError:
         raise UserError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
-                      "pass a local copy of hellaswag_val.jsonl with --data") from None
+                        "pass a local copy of hellaswag_val.jsonl with --data") from None
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
-        raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass a "
-                      "local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data")
+        raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass "
+                        "a local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data")
     os.makedirs(cache_dir, exist_ok=True)
     with FileLock(path + ".lock"):  # released on exit, also if this process dies
         if not os.path.exists(path):
@@ -69,7 +69,7 @@ def download(cache_dir):
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
                 raise UserError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
-                              "of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
+                                "of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
                     f.write(json.dumps(normalize(row, f"Rowan/hellaswag validation row {i}")) + "\n")
@@ -92,7 +92,7 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
         examples = [normalize(row, where) for where, row in iter_jsonl(path)]
     else:
         raise UserError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
-                                "folder, or leave --data out to download it")
+                        "folder, or leave --data out to download it")
     examples = examples[:limit] if limit is not None else examples
     if not examples:
         raise UserError(f"no HellaSwag examples selected from {path} (limit={limit})")

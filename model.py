@@ -61,11 +61,11 @@ class GPTConfig:
                 raise UserError(f"{name}={getattr(self, name)!r} must be a positive integer")
         if self.n_embd % self.n_head:
             raise UserError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
-                             f"(head size = n_embd / n_head)")
+                            f"(head size = n_embd / n_head)")
         if self.n_head % self.n_kv_head:
             raise UserError(f"n_head={self.n_head} must be divisible by "
-                             f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
-                             "heads)")
+                            f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
+                            "heads)")
 
     @property
     def head_dim(self):
@@ -234,7 +234,8 @@ class ChunkedHeadLoss(torch.autograd.Function):
                 lse = torch.logsumexp(logits, dim=1)
                 loss += ((lse - logits.gather(1, tc[:, None]).squeeze(1)) * counted).sum()
                 probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                probs[torch.arange(len(tc), device=tc.device), tc] -= 1  # d(token's loss)/d(logits) = softmax - one-hot
+                # d(token's loss)/d(logits) = softmax - one-hot
+                probs[torch.arange(len(tc), device=tc.device), tc] -= 1
                 probs.mul_(counted[:, None] / count)
                 grad_x[i:i + ChunkedHeadLoss.CHUNK] = probs @ w
                 grad_w.addmm_(probs.t(), xc)
@@ -297,8 +298,8 @@ class GPT(nn.Module):
         Several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) pass pos
         (B, T), each token's position, and attn_mask (B, T, T), which tokens each token attends to. select
         (N,) keeps only those flat positions (b * T + t) for the head: logits (N, vocab_size), targets
-        (N,). chunked=True (with targets): the mean loss by ChunkedHeadLoss, which also computes its gradients,
-        and no logits: (None, loss). train_gpt2.py trains that way on a CPU."""
+        (N,). chunked=True (with targets): the mean loss by ChunkedHeadLoss, which also computes its
+        gradients, and no logits: (None, loss). train_gpt2.py trains that way on a CPU."""
         B, T = idx.size()
         pos0 = 0 if cache is None else cache.pos
         if pos0 + T > self.config.block_size:
@@ -413,10 +414,10 @@ class GPT(nn.Module):
         for key, value in want.items():
             if c.get(key, value) != value:
                 raise UserError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
-                                 f"supports only {value!r}")
+                                f"supports only {value!r}")
         if c.get("n_inner") not in (None, 4 * c["n_embd"]):
             raise UserError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
-                             "n_embd wide")
+                            "n_embd wide")
         model = cls(GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
                               n_head=c["n_head"], n_embd=c["n_embd"]))
         sd = {}
@@ -431,7 +432,7 @@ class GPT(nn.Module):
         bad = [k for k in mine if k in sd and sd[k] is not None and sd[k].shape != mine[k].shape]
         if missing or extra or bad:
             raise UserError(f"{folder}: weights do not match its config.json as GPT-2 (missing "
-                             f"{missing[:3]}, unexpected {extra[:3]}, wrong shape {bad[:3]})")
+                            f"{missing[:3]}, unexpected {extra[:3]}, wrong shape {bad[:3]})")
         model.load_state_dict(sd)
         return model
 
@@ -443,12 +444,12 @@ class GPT(nn.Module):
         c = self.config
         if c.n_kv_head != c.n_head:
             raise UserError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
-                             "multi-query / grouped-query attention, so this model cannot be saved in its "
-                             "format")
+                            "multi-query / grouped-query attention, so this model cannot be saved in its "
+                            "format")
         modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
         if modern:  # zero_init only changes where training starts
             raise UserError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
-                             "such option, so this model cannot be saved in its format")
+                            "such option, so this model cannot be saved in its format")
         vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
         eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
         config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
@@ -473,14 +474,14 @@ def download_gpt2(name):
     Hub's cache, downloading what is missing (huggingface_hub comes with datasets)."""
     if name not in PRETRAINED:
         raise UserError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF "
-                         "GPT-2 format (config.json + model.safetensors) or a train_gpt2.py checkpoint "
-                         "(.pt)")
+                        "GPT-2 format (config.json + model.safetensors) or a train_gpt2.py checkpoint "
+                        "(.pt)")
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import logging
     except ImportError:
-        raise UserError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass a "
-                      "local folder in HF GPT-2 format (config.json + model.safetensors)") from None
+        raise UserError(f"downloading {name!r} needs huggingface_hub (pip install huggingface_hub); or pass "
+                        "a local folder in HF GPT-2 format (config.json + model.safetensors)") from None
     logging.set_verbosity_error()  # no retry chatter: one line below says what went wrong
     online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
     try:
@@ -488,9 +489,9 @@ def download_gpt2(name):
             path = hf_hub_download(PRETRAINED[name], file, local_files_only=not online)
     except Exception as e:  # offline, proxy, Hub outage: all end the same way for the user
         why = first_line(e) if online else "the Hub cannot be reached and they are not in its local cache"
-        raise UserError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging Face "
-                      f"Hub ({why}); without internet, pass a local folder in HF GPT-2 format "
-                      "(config.json + model.safetensors) instead") from None
+        raise UserError(f"could not download GPT-2 weights {name!r} ({PRETRAINED[name]}) from the Hugging "
+                        f"Face Hub ({why}); without internet, pass a local folder in HF GPT-2 format "
+                        "(config.json + model.safetensors) instead") from None
     return os.path.dirname(path)
 
 
@@ -500,7 +501,7 @@ def read_json(path):
             return json.load(f)
     except FileNotFoundError:
         raise UserError(f"{path} does not exist: an HF GPT-2 folder holds config.json and "
-                                f"model.safetensors") from None
+                        f"model.safetensors") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is damaged or not JSON ({first_line(e)})") from None
 
@@ -516,5 +517,5 @@ def read_hf_weights(folder):
             return torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors' and torch's errors for truncated or altered files
         raise UserError(f"{st if os.path.exists(st) else pt} is damaged ({first_line(e)}): download or save "
-                         f"it again") from None
+                        f"it again") from None
     raise UserError(f"{folder} holds no model.safetensors or pytorch_model.bin")

@@ -12,9 +12,8 @@ values) and on a run still writing its log (a half-written last line is skipped)
 import argparse
 import json
 import os
-import sys
 
-from errors import UserError
+from errors import UserError, main_guard
 
 GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper); all 10,042 examples
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
@@ -24,7 +23,7 @@ def read_log(path):
     """The records of a train_gpt2.py metrics.jsonl, in order."""
     if not os.path.isfile(path):
         raise UserError(f"training log {path} does not exist (train_gpt2.py writes "
-                                "LOG_DIR/metrics.jsonl)")
+                        "LOG_DIR/metrics.jsonl)")
     with open(path) as f:
         lines = f.read().split("\n")
     records = []
@@ -37,7 +36,7 @@ def read_log(path):
             if i == len(lines) - 1:  # the line being written by a live run
                 continue
             raise UserError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
-                             "metrics.jsonl?") from None
+                            "metrics.jsonl?") from None
     return records
 
 
@@ -146,7 +145,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    main_guard(main)

@@ -86,7 +86,8 @@ def autocast(device, dtype):
     """The project's mixed precision for a resolved dtype: matmuls in bf16 or fp16 under autocast, or fp32."""
     if dtype == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16)
+    low = torch.bfloat16 if dtype == "bf16" else torch.float16
+    return torch.autocast(torch.device(device).type, dtype=low)
 
 
 def device_memory(device):
@@ -180,8 +181,9 @@ def setup(device="auto", dtype="auto"):
         rt.dtype = resolve_dtype(dtype, rt.device)
         if rt.dtype == "bf16" and not native_bf16(rt.device):
             major, minor = torch.cuda.get_device_capability(rt.device)
-            rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability {major}.{minor}): "
-                            f"emulated, many times slower and not compiled; --dtype=auto uses fp16 here")
+            rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
+                            f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto "
+                            f"uses fp16 here")
     rt.memory = device_memory(rt.device)  # None off CUDA
     if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
         rt.memory = min(all_gather(rt.memory))

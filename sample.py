@@ -8,14 +8,13 @@
 sample() is the one sampling function: train_gpt2.py draws its evaluation samples with it.
 """
 import argparse
-import sys
 import time
 
 import torch
 
 import runtime
 from checkpoint import checkpoints, load_model
-from errors import UserError
+from errors import main_guard
 from runtime import autocast, synchronize
 from tokenizer import get_encoding
 
@@ -74,7 +73,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    main_guard(main)

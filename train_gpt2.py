@@ -31,7 +31,7 @@ from dataloader import DataLoaderLite
 from errors import UserError
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPTConfig
-from optimizers import ROLES, make_optimizers
+from optimizers import make_optimizers
 from runtime import autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
@@ -238,8 +238,8 @@ def validate(cfg, rt):
         raise UserError(f"--fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is {torch.__version__}: "
                         f"upgrade torch or drop --fsdp (DDP)")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
-        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole weight "
-                        "matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
+        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
+                        "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
                         "--optimizer=adamw")
     if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
         raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
@@ -289,7 +289,8 @@ def fit_memory(s, given, config, rt):
     if rt.memory is None:  # not a CUDA GPU
         return s, []
     budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
-    need = {b: memory_estimate(s, rt, config, b) for b in micro_batches(s.total_batch_size, s.T, rt.world_size)}
+    need = {b: memory_estimate(s, rt, config, b)
+            for b in micro_batches(s.total_batch_size, s.T, rt.world_size)}
     if need[s.B] <= budget:
         return s, []
     fits = next((b for b in need if b < s.B and need[b] <= budget), None)
@@ -300,7 +301,8 @@ def fit_memory(s, given, config, rt):
                    f"or --fsdp=True over more GPUs)"]
     if "B" in given:
         return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
-    return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to choose)"]
+    return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to "
+                                            f"choose)"]
 
 
 def one_validation_pass(s, loader):
@@ -445,8 +447,8 @@ def log(path, record):
 
 
 def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
-    """Print what this run is and write its first record: the settings, the model, the environment."""
-    hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
+    """Print what this run is and write its first record: the settings, the model, the environment. An
+    evaluation's log starts afresh."""
     if s.eval_only and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
     config = dataclasses.asdict(s)
@@ -471,10 +473,12 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
                "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, s.compile, optimizers)})
 
 
+@contextlib.contextmanager
 def catch_stop_signals():
-    """A one-item list that SIGTERM or SIGINT (Ctrl-C) set to their number, said at once: the step in progress
-    finishes, a checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second
-    signal stops the process at once, without a checkpoint."""
+    """While it lasts, a one-item list that SIGTERM or SIGINT (Ctrl-C) set to their number, said at once: the
+    step in progress finishes, a checkpoint is written (no evaluation first), and the run exits with 128 +
+    signal. A second signal stops the process at once, without a checkpoint. The handlers before are restored
+    after."""
     received = [0]
 
     def handler(signum, frame):
@@ -485,9 +489,12 @@ def catch_stop_signals():
         if runtime.is_rank0():  # os.write: safe inside a signal handler, unlike print
             said = f"{name}: stopping after this step with a checkpoint; {name} again stops now without one"
             os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
-    return received
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
 
 
 @contextlib.contextmanager
@@ -561,7 +568,7 @@ def main(argv):
     """Train (or with eval_only, evaluate) as the settings and argv say; returns the process's exit status."""
     given = parse_overrides(argv)  # a misspelt name or a value of the wrong type stops here
 
-    # ----------------------------------------------------------------------------- processes, device, settings
+    # ------------------------------------------------------------------------- processes, device, settings
     asked = {**CONFIG, **given}
     rt = runtime.setup(asked["device"], asked["dtype"])  # process group, this rank's GPU, TF32, dtype
     s, given, notes = resolve(given, rt)
@@ -591,6 +598,7 @@ def main(argv):
     # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     step = resume.restore(raw_model, optimizers, scaler, train_loader, rt) if resume else 0
+    hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
     log_start(s, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, metrics)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
@@ -600,11 +608,10 @@ def main(argv):
                                  chunked=rt.kind == "cpu" and not s.compile)
 
     # ---------------------------------------------------------------------------------------- training loop
-    stop_signal = catch_stop_signals()
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
     train_model.train()
-    with out_of_memory_hint(s, rt, raw_model.config):  # one line naming a smaller B, no traceback per rank
+    with catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config):
         while step < s.max_steps:
             t0 = time.time()
             for opt in optimizers:  # each parameter group from its own role's peak
@@ -613,9 +620,9 @@ def main(argv):
             scale = scaler.get_scale() if scaler.is_enabled() else None  # fp16: the scale this step uses
             loss, norm, skipped = train_step([train_loader.next_batch() for _ in range(grad_accum_steps)])
             if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
-                print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped before "
-                       f"its update. The newest checkpoint is {last_checkpoint}; lower max_lr or check the "
-                       f"data, then rerun to resume from the newest checkpoint that verifies")
+                print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped "
+                       f"before its update. The newest checkpoint is {last_checkpoint}; lower max_lr or "
+                       f"check the data, then rerun to resume from the newest checkpoint that verifies")
                 log(metrics, {"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm})
                 return 1
             stop = stop_signal[0]

@@ -19,13 +19,13 @@ SCRIPT = os.path.join(ROOT, "train_gpt2.py")
 TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=32", "--B=4", "--T=32",
         "--total_batch_size=256", "--warmup_steps=2", "--max_lr=3e-3", "--val_steps=2", "--hellaswag=0",
         "--compile=False"]
-# One thread per process: with several, CPU runs are not always bitwise reproducible from run to run (seen
-# once: a loss differing in the 7th digit; the multi-threaded math library is the suspect, not proven), and
-# the exact-resume tests compare runs bit for bit.
+# One thread per process: the exact-resume tests compare runs bit for bit, and a multi-threaded CPU math
+# library does not promise the same rounding from run to run.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+torch.set_num_threads(1)  # the same in the test workers, whose in-process runs are compared with those
 # Each test worker compiles into an inductor cache of its own, new for the session, which the processes it
-# starts share: not the user's (a run killed while compiling can leave a half-written kernel library there,
-# seen once in CI as "invalid ELF header"), and not another worker's.
+# starts share: not the user's (a run the tests kill while compiling can leave a half-written kernel library
+# in a cache), and not another worker's.
 ENV["TORCHINDUCTOR_CACHE_DIR"] = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
 atexit.register(shutil.rmtree, ENV["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 DOCS = ["Hello, I'm a language model,", "", "naïve café 日本語 🙂", "a literal <|endoftext|> inside",

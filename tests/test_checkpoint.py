@@ -117,7 +117,8 @@ def test_a_resumed_adamw_keeps_this_devices_kernel(saved_fused, fused):
     def make(fused_kernel, weight_decay=0.1):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
-        return model, make_optimizers(model, "adamw", weight_decay, dict.fromkeys(ROLES, 1e-2), fused_kernel)[0]
+        peaks = dict.fromkeys(ROLES, 1e-2)
+        return model, make_optimizers(model, "adamw", weight_decay, peaks, fused_kernel)[0]
 
     def step(model, opt):
         x = torch.arange(32).view(2, 16) % 64
@@ -157,6 +158,7 @@ def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
     model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 1e-2), False)
     meta = {"step": 4, "path": "log/model_000004.pt", "model_config": {}, "roles": [None, None]}
-    with pytest.raises(UserError, match=r"another layout \(parameter groups \[None, None\], this code's "
-                                        r"\['decay', 'no_decay', 'embedding'\]\).*--init_from=log/model_000004.pt"):
+    match = (r"another layout \(parameter groups \[None, None\], this code's \['decay', 'no_decay', "
+             r"'embedding'\]\).*--init_from=log/model_000004.pt")
+    with pytest.raises(UserError, match=match):
         Resume(meta, None).restore(model, opts, None, None, Runtime())

@@ -169,27 +169,24 @@ def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
     cli = [sys.executable, "fineweb.py", "--workers", "1"]
     offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "HF_HOME": str(tmp_path / "hf")}
-    cases = [  # (arguments, phrases the one line must hold, environment)
-        (["--input", str(src), "--out_dir", str(tmp_path / "afile")], ["afile is a file, not a "
-                                                                       "folder"], None),
-        (["--input", str(src), "--out_dir", "/proc/no_shards_here"],
-         ["--out_dir /proc/no_shards_here cannot be "
-                                                                      "created or written"], None),
-        (["--input", str(tmp_path / "nope.jsonl"), "--out_dir", str(tmp_path / "o")],
-         ["nope.jsonl does not exist"],
-         None),
-        (["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")],
-         ["bad.jsonl:1: not valid JSON"],
+    cases = [  # (arguments, phrases the one line must hold, environment): through the entry point
+        (["--input", str(src), "--out_dir", str(tmp_path / "afile")], ["afile is a file, not a folder"],
          None),
         (["--out_dir", str(tmp_path / "o")], ["could not stream HuggingFaceFW/fineweb-edu",
-                                              "--input takes local"],
-         offline),
+                                              "--input takes local"], offline),
     ]
     for args, phrases, env in cases:
         r = subprocess.run(cli + args, cwd=ROOT, capture_output=True, text=True, env=env)
         assert_one_line_error(r, *phrases)
         assert "tokenizing" not in r.stderr  # refused before any work
         assert not os.path.exists(tmp_path / "o")  # and no empty out_dir left behind
+    for src, out, match in [(src, "/proc/no_shards_here", "--out_dir /proc/no_shards_here cannot be "
+                                                         "created or written"),
+                            (tmp_path / "nope.jsonl", tmp_path / "o", "nope.jsonl does not exist"),
+                            (tmp_path / "bad.jsonl", tmp_path / "o", "bad.jsonl:1: not valid JSON")]:
+        with pytest.raises(UserError, match=match):
+            fineweb.main(str(src), str(out), "text", 97, "edufineweb", 1)
+        assert not os.path.exists(tmp_path / "o")
 
 
 def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
@@ -480,9 +477,10 @@ def test_train_gpt2_on_npy_shards_equals_bin_shards(tmp_path, text):
     for split, part in (("val", tokens[:3000]), ("train", tokens[3000:])):
         write_shard(shard_path(tmp_path / "bin", "edufineweb", split, int(split == "train")), part)
         np.save(tmp_path / "npy" / f"edufineweb_{split}_{int(split == 'train'):06d}.npy", part)
+    import train_gpt2
     for kind in ("bin", "npy"):
-        train(TINY + [f"--data_root={tmp_path / kind}", "--max_steps=3", "--eval_interval=3",
-                      f"--log_dir={tmp_path / ('log_' + kind)}"], cwd=tmp_path)
+        train_gpt2.main(TINY + [f"--data_root={tmp_path / kind}", "--max_steps=3", "--eval_interval=3",
+                                f"--log_dir={tmp_path / ('log_' + kind)}"])
     assert losses(tmp_path / "log_npy") == losses(tmp_path / "log_bin")
     assert sorted(losses(tmp_path / "log_npy")) == [1, 2, 3]
 

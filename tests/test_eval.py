@@ -105,8 +105,8 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     log = tmp_path / "ckpt"
     log.mkdir()
     (log / "metrics.jsonl").write_text('{"step": 0, "val_loss": 1.0}\n')  # an earlier evaluation's
-    train(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", f"--log_dir={log}"],
-          cwd=tmp_path)
+    assert train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}",
+                                   f"--log_dir={log}"]) == 0
     recs = records(log)
     (val,) = [rec for rec in recs if "val_loss" in rec]
     assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")

@@ -73,8 +73,8 @@ def test_ddp_matches_one_process(runs, reference):
         assert abs(got[s] - ref_losses[s]) <= 1e-5 * ref_losses[s], (s, got[s], ref_losses[s])
     vals = [[r["val_loss"] for r in records(log) if "val_loss" in r] for log in (ref_log, d / "ddp")]
     assert len(vals[0]) == 2 and all(abs(a - b) <= 1e-5 * a for a, b in zip(*vals))
-    # Adam turns rounding-level gradient differences on near-zero elements into steps of ~lr (seen: 4 of
-    # 1.6M embedding entries off by 3e-5), so weights are compared tensor by tensor in relative norm
+    # Adam turns rounding-level gradient differences on near-zero elements into steps of ~lr, so weights are
+    # compared tensor by tensor in relative norm
     ckpt = final_weights(d / "ddp")
     for k in ref_weights:
         assert (ckpt["model"][k] - ref_weights[k]).norm() <= 1e-3 * ref_weights[k].norm(), k

@@ -107,7 +107,8 @@ def test_batched_equals_unbatched(models, batch_size):
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
     single = hellaswag.evaluate(model, examples, Runtime(), batch_size=4)
-    parts = [hellaswag.evaluate(model, examples, Runtime(rank=rank, world_size=world_size), 4) for rank in range(world_size)]
+    parts = [hellaswag.evaluate(model, examples, Runtime(rank=rank, world_size=world_size), 4)
+             for rank in range(world_size)]
     indices = [i for p in parts for i, _, _ in p["predictions"]]
     assert sorted(indices) == list(range(10))  # every example once
     assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
@@ -226,7 +227,7 @@ def test_offline_download_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
-    with pytest.raises(UserError, match="the Hugging Face Hub cannot be reached; offline, pass a local copy of "
-                                      "hellaswag_val.jsonl .* with --data"):
+    with pytest.raises(UserError, match="the Hugging Face Hub cannot be reached; offline, pass a local copy "
+                                        "of hellaswag_val.jsonl .* with --data"):
         hellaswag.load_examples(cache_dir=str(tmp_path / "hs"))
     assert not os.path.exists(tmp_path / "hs")

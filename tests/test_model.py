@@ -63,10 +63,12 @@ def test_gpt2_124m_parameter_count_and_optimizer_roles():
     opt, = make_optimizers(m, "adamw", 0.1, peaks, fused=False)
     g = groups_by_role(opt)
     assert list(g) == ["decay", "no_decay", "embedding"]  # tied: no head of its own
-    size = {role: (len(group["params"]), sum(p.numel() for p in group["params"])) for role, group in g.items()}
+    size = {role: (len(group["params"]), sum(p.numel() for p in group["params"]))
+            for role, group in g.items()}
     assert size["embedding"] == (1, 50304 * 768) and size["no_decay"] == (98, 121_344)
     assert size["decay"][1] + size["embedding"][1] == 124_354_560  # the 48 block matrices, wpe and wte
-    assert g["decay"]["weight_decay"] == g["embedding"]["weight_decay"] == 0.1 and g["no_decay"]["weight_decay"] == 0
+    assert g["decay"]["weight_decay"] == g["embedding"]["weight_decay"] == 0.1
+    assert g["no_decay"]["weight_decay"] == 0
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8 and not opt.defaults["fused"]
     muon_opt, adamw_opt = make_optimizers(m, "muon", 0.1, peaks, fused=False)
     (matrices,) = [g["params"] for g in muon_opt.param_groups]
@@ -82,10 +84,10 @@ def test_gpt2_124m_parameter_count_and_optimizer_roles():
 
 @pytest.mark.parametrize("untied", [True, False])
 def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
-    """The groups are the same whatever the peaks are (they were keyed by their peak: an embed_lr that, scaled,
-    equals max_lr merged two groups, and a resume that changed max_lr could not fit the saved state); each
-    group takes its role's peak. role_peaks scales embed_lr and head_lr by sqrt(768 / n_embd) (nanochat's
-    rule); a tied lm_head is wte: the embedding's."""
+    """The groups are the same whatever the peaks are (they were keyed by their peak: an embed_lr that,
+    scaled, equals max_lr merged two groups, and a resume that changed max_lr could not fit the saved
+    state); each group takes its role's peak. role_peaks scales embed_lr and head_lr by sqrt(768 / n_embd)
+    (nanochat's rule); a tied lm_head is wte: the embedding's."""
     import train_gpt2
     m = GPT(tiny(untied_head=untied, n_embd=48))
     s = train_gpt2.Settings(optimizer="muon", max_lr=6e-3, embed_lr=0.2, head_lr=0.004)
@@ -103,7 +105,7 @@ def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
     assert structures[0][1][-1][0] == ("head" if untied else "embedding")
 
 
-@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="the reference, torch.optim.Muon, needs torch >= 2.9")
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon: torch 2.9")
 def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
     """optimizers.Muon against torch.optim.Muon(adjust_lr_fn="original") as the reference, over 3 steps: a
     plain matrix gets torch's update bit for bit; the fused c_attn (Q, K, V rows, here with 2 K/V heads of
@@ -139,7 +141,8 @@ def test_muon_gives_q_k_and_v_each_a_whole_orthogonal_step():
     attn = m.transformer.h[0].attn
     before = {n: p.detach().clone() for n, p in (("qkv", attn.c_attn.weight), ("proj", attn.c_proj.weight))}
     Muon([{"params": [attn.c_attn.weight, attn.c_proj.weight], "lr": 1.0}], splits=qkv_splits(m)).step()
-    update = {n: before[n] - p.detach() for n, p in (("qkv", attn.c_attn.weight), ("proj", attn.c_proj.weight))}
+    update = {n: before[n] - p.detach()
+              for n, p in (("qkv", attn.c_attn.weight), ("proj", attn.c_proj.weight))}
     median = {name: torch.linalg.svdvals(u.float()).median().item()
               for name, u in zip("qkv", update["qkv"].split(64))}
     median["proj"] = torch.linalg.svdvals(update["proj"]).median().item()
@@ -651,6 +654,7 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     rt = runtime.setup("cuda", "bf16")
     assert rt.dtype == "bf16"
     if capability < (8, 0):
-        assert len(rt.notes) == 1 and "compute capability 7.5" in rt.notes[0] and "--dtype=auto" in rt.notes[0]
+        assert len(rt.notes) == 1 and "compute capability 7.5" in rt.notes[0]
+        assert "--dtype=auto" in rt.notes[0]
     else:
         assert rt.notes == []

@@ -1,7 +1,5 @@
 import json
-import os
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -10,7 +8,7 @@ import torch
 import plot
 import sample
 from errors import UserError
-from conftest import ROOT, save_model, script
+from conftest import assert_one_line_error, save_model, script
 from model import GPT, GPTConfig
 from runtime import Runtime
 from tokenizer import get_encoding
@@ -36,7 +34,9 @@ def run_sample(*args):
     return script("sample.py", *args)
 
 
-def test_sample_cli(checkpoint, tmp_path):
+def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
+    """python sample.py from the repo root; then in-process, the prompt from a file, and without --model
+    after training: the newest checkpoint in ./log, not a download of OpenAI's gpt2."""
     path, model = checkpoint
     args = ["--model", path, "--prompt", "To be, or not", "--num_samples", "2", "--max_new_tokens", "12",
             "--top_k", "1", "--device", "cpu"]
@@ -47,16 +47,19 @@ def test_sample_cli(checkpoint, tmp_path):
     assert all(t.startswith("To be, or not to be, that is the question") for t in texts)
     assert "2 x 12 tokens," in r.stdout and "tokens/s on cpu" in r.stdout
     (tmp_path / "prompt.txt").write_text("To be, or not", encoding="utf-8")
-    r2 = run_sample(*[a if a != "To be, or not" else f"FILE:{tmp_path / 'prompt.txt'}" for a in args])
-    assert r2.returncode == 0 and r2.stdout.split("-" * 80)[0] == r.stdout.split("-" * 80)[0]
-    # no --model after training: the newest checkpoint in ./log, not a download of OpenAI's gpt2
+    monkeypatch.setattr(sys, "argv", ["sample.py"] + [a if a != "To be, or not" else
+                                                      f"FILE:{tmp_path / 'prompt.txt'}" for a in args])
+    sample.main()
+    assert capsys.readouterr().out.split("-" * 80)[0] == r.stdout.split("-" * 80)[0]
     (tmp_path / "log").mkdir()
     for step in (3, 12):
         shutil.copy(path, tmp_path / "log" / f"model_{step:06d}.pt")
-    r3 = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), *args[2:]], cwd=tmp_path,
-                        capture_output=True, text=True)
-    assert r3.returncode == 0 and r3.stdout.startswith("sample: log/model_000012.pt (--model picks another)")
-    assert r3.stdout.split("-" * 80)[0].split("\n", 1)[1] == r.stdout.split("-" * 80)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["sample.py"] + args[2:])
+    sample.main()
+    out = capsys.readouterr().out
+    assert out.startswith("sample: log/model_000012.pt (--model picks another)")
+    assert out.split("-" * 80)[0].split("\n", 1)[1] == r.stdout.split("-" * 80)[0]
 
 
 def test_sample_matches_generate_and_is_seeded(checkpoint):
@@ -72,13 +75,18 @@ def test_sample_matches_generate_and_is_seeded(checkpoint):
     assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
 
 
-def test_sample_errors(tmp_path):
-    r = run_sample("--model", str(tmp_path / "missing.pt"), "--device", "cpu")
-    assert r.returncode != 0 and "checkpoint" in r.stderr and "missing.pt does not exist" in r.stderr
-    r = run_sample("--model", "gpt-7", "--device", "cpu")
-    assert r.returncode != 0 and "unknown model 'gpt-7'" in r.stderr
-    r = run_sample("--prompt", f"FILE:{tmp_path / 'none.txt'}", "--device", "cpu")
-    assert r.returncode != 0 and "none.txt does not exist" in r.stderr
+def test_sample_errors(tmp_path, monkeypatch, capsys):
+    """A missing checkpoint: one line (through the entry point); an unknown model name or prompt file: the
+    same UserError / usage error in-process."""
+    assert_one_line_error(run_sample("--model", str(tmp_path / "missing.pt"), "--device", "cpu"),
+                          "checkpoint", "missing.pt does not exist")
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--model", "gpt-7", "--device", "cpu"])
+    with pytest.raises(UserError, match="unknown model 'gpt-7'"):
+        sample.main()
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--prompt", f"FILE:{tmp_path / 'none.txt'}"])
+    with pytest.raises(SystemExit):
+        sample.main()
+    assert "none.txt does not exist" in capsys.readouterr().err
 
 
 def write_log(path, records, tail=""):

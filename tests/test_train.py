@@ -71,11 +71,9 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     code, out = start_and_signal(run_args(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGINT)
     assert code == 128 + signal.SIGINT, out
     stopped = max(losses(log))
-    r = train(run_args(text) + [f"--log_dir={log}", "--B=2"], cwd=tmp_path)
-    assert "NOTE: B changed since the checkpoint: 4 -> 2" in r.stdout
-    assert "2 x 32 x 1 processes x 8 accumulation" in r.stdout
+    assert train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--B=2"]) == 0
     start = [rec for rec in records(log) if rec.get("event") == "start"][-1]
-    # as used
+    # as used: twice the accumulation steps (total_batch_size stays), validating the same rows
     assert start["step"] == stopped and start["config"]["B"] == 2 and start["config"]["val_steps"] == 4
     got = losses(log)
     assert sorted(got) == list(range(1, 9))
@@ -86,7 +84,7 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     assert math.isclose(val[8], ref_val[8], rel_tol=1e-5)  # validated on the same rows as before
 
 
-def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text, reference):
+def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, capsys, text, reference):
     """SIGTERM finishes the step, writes a checkpoint and exits 143. Bytes changed inside that newest
     checkpoint: the resume says so, takes the one before and ends bit for bit where the uninterrupted run
     ended. With every checkpoint truncated: one line, exit 1, nothing trained."""
@@ -102,10 +100,11 @@ def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text
     with open(newest, "r+b") as f:  # random bytes somewhere in the middle (tensor data, most likely)
         f.seek(os.path.getsize(newest) // 2)
         f.write(os.urandom(64))
-    r = train(run_args(text) + [f"--log_dir={log}"], cwd=tmp_path)
-    assert f"NOTE: checkpoint {newest} is damaged: " in r.stdout and f"resuming from {older}" in r.stdout
+    assert train_gpt2.main(run_args(text) + [f"--log_dir={log}"]) == 0
+    said = capsys.readouterr().out
+    assert f"NOTE: checkpoint {newest} is damaged: " in said and f"resuming from {older}" in said
     # moved aside, not counted among the 2 kept: rotation never deletes a good one for it
-    assert os.path.exists(newest + ".damaged") and f"moved {newest} aside" in r.stdout
+    assert os.path.exists(newest + ".damaged") and f"moved {newest} aside" in said
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000006.pt", "model_000008.pt"]
     assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
     w = final_weights(log)["model"]
@@ -113,28 +112,28 @@ def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, text
     for path in checkpoints(log):
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 3)
-    r = train(run_args(text) + [f"--log_dir={log}", "--max_steps=10"], cwd=tmp_path, check=False)
-    assert_one_line_error(r, f"none of the 2 checkpoints in {log} verifies", "--log_dir=NEW")
-    assert r.stdout.count("cannot be read") == 2 and "step    9" not in r.stdout
+    with pytest.raises(UserError, match=f"none of the 2 checkpoints in {log} verifies.*--log_dir=NEW"):
+        train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=10"])
+    assert capsys.readouterr().out.count("cannot be read") == 2 and max(losses(log)) == 8
     assert len(checkpoints(log)) == 2  # none verifies: none renamed, so a rerun does not start afresh
 
 
-def test_finished_run_and_changed_shape(tmp_path, text, reference):
+def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
     """A copy of the finished reference run: rerunning it does nothing; a new model shape or sequence length
-    is refused in one line and touches nothing."""
+    is refused (naming each change and both ways out) and touches nothing."""
     _, _, ref_log = reference
     log = tmp_path / "log"
     shutil.copytree(ref_log, log)
     before = {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))}
-    r = train(run_args(text) + [f"--log_dir={log}"], cwd=tmp_path)
-    assert f"the run in {log} is already finished at step 8" in r.stdout and "step    1" not in r.stdout
-    r = train(run_args(text) + [f"--log_dir={log}", "--n_layer=3", "--T=16", "--max_steps=10"], cwd=tmp_path,
-              check=False)
-    assert_one_line_error(r, "n_layer=2 (now 3), T=32 (now 16)", "--n_layer=2 --T=32", "--log_dir=NEW")
+    assert train_gpt2.main(run_args(text) + [f"--log_dir={log}"]) == 0
+    assert f"the run in {log} is already finished at step 8" in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"n_layer=2 \(now 3\), T=32 \(now 16\).*--n_layer=2 --T=32\)"
+                                        r".*--log_dir=NEW"):
+        train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--n_layer=3", "--T=16", "--max_steps=10"])
     assert {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))} == before  # nothing touched
 
 
-def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, text):
+def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, capsys, text):
     """--dtype=fp16 on the CPU: too high a first loss scale overflows the fp16 gradients; those steps are
     logged as skipped (not taken for a diverged run) while the scale halves, then training goes on. The
     scaler's state is in the checkpoint: a SIGKILL and resume give the uninterrupted run's losses and weights,
@@ -142,26 +141,28 @@ def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, text):
     # fp16 matmuls are slow on CPUs: a quarter of run_args' tokens, still 2 micro-steps a step
     args = run_args(text) + ["--dtype=fp16", "--loss_scale=1048576", "--T=16", "--total_batch_size=128"]
     ref = tmp_path / "ref"
-    r = train(args + [f"--log_dir={ref}"], cwd=tmp_path)
+    assert train_gpt2.main(args + [f"--log_dir={ref}"]) == 0
+    said = capsys.readouterr().out
     recs = [rec for rec in records(ref) if "loss" in rec and "event" not in rec]
     skipped = [rec["step"] for rec in recs if rec["skipped"]]
     assert skipped and skipped == list(range(1, len(skipped) + 1)) and len(skipped) < 6, skipped
     n = len(skipped) + 1
     assert [rec["loss_scale"] for rec in recs[:n]] == [2 ** (20 - i) for i in range(n)]
-    assert "skipped: fp16 gradients overflowed at loss scale 1.04858e+06" in r.stdout
-    assert "non-finite" not in r.stdout
+    assert "skipped: fp16 gradients overflowed at loss scale 1.04858e+06" in said
+    assert "non-finite" not in said
     assert recs[-1]["loss"] < recs[len(skipped)]["loss"]  # it trains after the skips
     assert final_weights(ref)["scaler"]["scale"] == 2 ** (20 - len(skipped))
     log = str(tmp_path / "log")
     code, _ = start_and_signal(args + [f"--log_dir={log}"], tmp_path, log, 5, signal.SIGKILL)
     assert code == -signal.SIGKILL
-    train(args + [f"--log_dir={log}"], cwd=tmp_path)
+    assert train_gpt2.main(args + [f"--log_dir={log}"]) == 0
     assert losses(log) == losses(ref)
     w, w_ref = final_weights(log)["model"], final_weights(ref)["model"]
     assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
 
 
-def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, reference, modern_reference):
+def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, capsys, text, reference,
+                                                               modern_reference):
     """--recipe=modern: an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no wpe) and
     the other options, with Muon (block matrices) + AdamW (the rest) and gradient accumulation. Both
     optimizers' states are in the checkpoint, so a SIGKILL and the same command again give the uninterrupted
@@ -188,17 +189,18 @@ def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, text, 
     code, _ = start_and_signal(run_args(text) + MODERN_RUN + [f"--log_dir={log}"], tmp_path, log, 5,
                                signal.SIGKILL)
     assert code == -signal.SIGKILL and 5 <= max(losses(log)) < 8  # killed part way
-    r = train(run_args(text) + MODERN_RUN + [f"--log_dir={log}"], cwd=tmp_path)
-    assert "resuming from" in r.stdout and "NOTE: dropped" in r.stdout  # the killed attempt's steps after it
+    assert train_gpt2.main(run_args(text) + MODERN_RUN + [f"--log_dir={log}"]) == 0
+    said = capsys.readouterr().out
+    assert "resuming from" in said and "NOTE: dropped" in said  # the killed attempt's steps after it
     assert losses(log) == ref  # bitwise: floats compared exactly
     assert loss_steps(log) == list(range(1, 9))  # one record per step in the file itself
     starts = [rec for rec in records(log) if rec.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # the log was appended, not truncated
     w, w_ref = final_weights(log)["model"], ckpt["model"]
     assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w_ref)
-    r = train(run_args(text) + [f"--log_dir={log}", "--max_steps=9"], cwd=tmp_path, check=False)  # GPT-2's
-    assert_one_line_error(r, "recipe='modern' (now 'gpt2')", "optimizer='muon' (now 'adamw')",
-                          "--recipe=modern", "--optimizer=muon", "--log_dir=NEW")
+    with pytest.raises(UserError, match=r"recipe='modern' \(now 'gpt2'\).*optimizer='muon' \(now 'adamw'\)"
+                                        r".*--recipe=modern.*--optimizer=muon.*--log_dir=NEW"):
+        train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=9"])  # GPT-2's recipe
 
 
 @pytest.mark.parametrize("case", ["bad shard", "missing hellaswag", "bad init_from"])
@@ -234,10 +236,11 @@ def test_resume_settings():
     saved = dict(train_gpt2.CONFIG, B=4, val_steps=2)
     s, notes = resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
     assert s.val_steps == 4 and s.max_lr == 1e-3 and s.embed_lr == 0.2
-    assert notes == ["B changed since the checkpoint: 4 -> 2", "max_lr changed since the checkpoint: 0.0006 -> 0.001",
+    assert notes == ["B changed since the checkpoint: 4 -> 2",
+                     "max_lr changed since the checkpoint: 0.0006 -> 0.001",
                      "embed_lr changed since the checkpoint: 0.0 -> 0.2",
                      "val_steps changed since the checkpoint: 2 -> 4"]
-    s, _ = resume_settings(saved, Settings(**dict(saved, B=2, val_steps=3)), 2, 2, "log")  # val_steps as given
+    s, _ = resume_settings(saved, Settings(**dict(saved, B=2, val_steps=3)), 2, 2, "log")  # as given
     assert s.val_steps == 3
     s, notes = resume_settings(saved, Settings(**dict(saved, B=2)), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
     assert s.val_steps == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
@@ -253,20 +256,21 @@ def test_resume_settings():
         resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
 
 
-def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, text):
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
+    """A loss that overflows stops the run before that step's update (exit status 1), logged, naming the
+    newest checkpoint: the last good step's, whose weights are finite."""
     log = str(tmp_path / "log")
-    r = train(TINY + [f"--data_root={text}", "--max_steps=20", "--warmup_steps=1", "--max_lr=1e30",
-                    "--checkpoint_interval=1", "--eval_interval=100", f"--log_dir={log}"], cwd=tmp_path,
-                    check=False)
-    assert r.returncode == 1
+    status = train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=20", "--warmup_steps=1",
+                                     "--max_lr=1e30", "--checkpoint_interval=1", "--eval_interval=100",
+                                     f"--log_dir={log}"])
+    assert status == 1
     bad = [rec for rec in records(log) if rec.get("event") == "non-finite"]
-    assert len(bad) == 1
+    assert len(bad) == 1 and max(losses(log)) == bad[0]["step"] - 1
     last = final_weights(log)  # the newest checkpoint is the last good step, loadable
     assert last["step"] == bad[0]["step"] - 1 and all(torch.isfinite(v).all() for v in last["model"].values())
-    assert ("error: non-finite loss" in r.stdout
-            and f"at step {bad[0]['step']}: stopped before its update. The "
-            f"newest checkpoint is model_{last['step']:06d}.pt (step {last['step']})" in r.stdout), r.stdout
-    assert "intact" not in r.stdout  # it says only what it checked
+    out = capsys.readouterr().out
+    assert (f"at step {bad[0]['step']}: stopped before its update. The newest checkpoint is "
+            f"model_{last['step']:06d}.pt (step {last['step']})") in out, out
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -330,7 +334,8 @@ def test_size_and_recipe_presets():
 def test_lr_schedule():
     s = train_gpt2.Settings(min_lr_ratio=0.1, warmup_steps=10, max_steps=110)
     assert train_gpt2.get_lr(0, 1.0, s) == 0.1 and train_gpt2.get_lr(9, 1.0, s) == 1.0
-    assert math.isclose(train_gpt2.get_lr(60, 1.0, s), 0.55) and math.isclose(train_gpt2.get_lr(110, 1.0, s), 0.1)
+    assert math.isclose(train_gpt2.get_lr(60, 1.0, s), 0.55)
+    assert math.isclose(train_gpt2.get_lr(110, 1.0, s), 0.1)
     assert all(train_gpt2.get_lr(i, 1.0, s) >= train_gpt2.get_lr(i + 1, 1.0, s) for i in range(10, 120))
     assert train_gpt2.get_lr(60, 0.004, s) == pytest.approx(0.004 * 0.55)  # each role from its own peak
 
