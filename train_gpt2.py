@@ -584,12 +584,12 @@ def main(argv):
     # --------------------------------------------------------------------------------- model, data, optimizer
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     raw_model = build_model(s, resume).to(rt.device)
-    s, more = fit_memory(s, given, raw_model.config, rt)  # a B the GPU holds, found before compiling
+    s, memory_notes = fit_memory(s, given, raw_model.config, rt)  # a B the GPU holds, found before compiling
     train_loader, val_loader, examples = load_data(s, rt)
     s, val_notes = one_validation_pass(s, val_loader)
-    for note in more + val_notes:
+    for note in memory_notes + val_notes:
         print0(f"NOTE: {note}")
-    notes += more + val_notes
+    notes += memory_notes + val_notes
     grad_accum_steps = s.total_batch_size // (s.B * s.T * rt.world_size)  # micro-steps a step
     train_model, eval_model, grad_sync = wrap_model(raw_model, s, rt)
     peaks = role_peaks(s, raw_model.config.n_embd)
