@@ -3,7 +3,7 @@ input.txt): each configuration trains a full schedule (warmup and cosine) of N s
 the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
 of the modern recipe is turned off alone, at the modern recipe's N. Two runs at a time, one thread each.
 
-    python dev/recipe_steps.py                      # seeds 1337 and 42, ~40 min on 2 cores
+    python dev/recipe_steps.py                      # seeds 1337 and 42, ~45 min on 2 cores
     python dev/recipe_steps.py --seeds 1337 --no-ablation
 """
 import argparse
