@@ -311,7 +311,7 @@ def find_resume(s, given, rt, metrics_path):
         try:
             path, ckpt = newest_valid(s.log_dir, print0)
             meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
-            meta["roles"] = [g.get("role") for g in ckpt["optimizer"]["param_groups"]]
+            meta["roles"] = [g.get("role") for g in ckpt.get("optimizer", {}).get("param_groups", [])]
         except CheckpointError as e:
             meta = {"error": str(e)}
     if rt.distributed:

@@ -7,13 +7,12 @@ its role's peak.
 """
 import torch
 
-# role: (what it holds, whether AdamW/Muon decays it)
-ROLES = {
-    "muon": ("the blocks' weight matrices, under Muon", True),
-    "decay": ("the other matrices: the blocks' under AdamW, wpe", True),
-    "no_decay": ("biases and LayerNorm gains", False),
-    "embedding": ("wte (also lm_head when tied)", True),
-    "head": ("an untied lm_head", True),
+ROLES = {  # role: whether its weights decay
+    "muon": True,  # the blocks' weight matrices, under Muon
+    "decay": True,  # the other matrices: the blocks' under AdamW, wpe
+    "no_decay": False,  # biases and LayerNorm gains
+    "embedding": True,  # wte (also lm_head when tied)
+    "head": True,  # an untied lm_head
 }
 
 
@@ -39,7 +38,7 @@ def make_optimizers(model, optimizer, weight_decay, peaks, fused):
     roles = param_roles(model, muon=optimizer == "muon")
 
     def groups(names):
-        return [{"role": r, "params": roles[r], "lr": peaks[r], "weight_decay": weight_decay * ROLES[r][1]}
+        return [{"role": r, "params": roles[r], "lr": peaks[r], "weight_decay": weight_decay * ROLES[r]}
                 for r in names if r in roles]
     opts = []
     if "muon" in roles:

@@ -521,3 +521,11 @@ def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
     many, once = ([r for r in records(tmp_path / name) if "val_loss" in r] for name in ("many", "once"))
     assert records(tmp_path / "many")[0]["config"]["val_steps"] == 13
     assert many[0]["val_loss"] == once[0]["val_loss"] and many[0]["val_bpb"] == once[0]["val_bpb"]
+
+
+def test_a_mistake_under_torchrun_is_said_once_per_node(tmp_path, text):
+    """Every rank finds the same mistake; only local rank 0 prints it, and torchrun ends with status 1."""
+    r = train(TINY + [f"--data_root={text}", "--B=0", f"--log_dir={tmp_path / 'log'}"], cwd=tmp_path,
+              check=False, nproc=2)
+    assert r.returncode == 1 and r.stderr.count("error: --B=0 must be at least 1") == 1, r.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "log")
