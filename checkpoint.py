@@ -290,22 +290,23 @@ class Resume:
 
 def find_resume(s, given, rt, metrics_path):
     """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
-    built. Checkpoints there make init_from=scratch a resume (unless --init_from=scratch was given: refused);
-    rank 0 reads the newest that verifies and shares the verdict; a finished run, or a change of a FIXED
-    setting, ends the run. A resume drops the metrics records the lost steps left."""
+    built. A log_dir with checkpoints is continued (the same command again continues it, a fine-tune too):
+    unless --init_from=scratch was given, or init_from names other weights than those the run started from
+    (both refused: they would start a second run whose checkpoints rotation mixes with the first's). The
+    settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint that verifies and shares
+    the verdict; a finished run, or a change of a FIXED setting, ends the run. A resume drops the metrics
+    records the lost steps left."""
     existing = checkpoints(s.log_dir)
     if s.eval_only and existing:
         raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
-    if s.init_from == "scratch" and existing:
-        if "init_from" in given:
-            raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues "
-                            "it, or choose another --log_dir")
-        s = dataclasses.replace(s, init_from="resume")
-    if s.init_from != "resume":
-        return s, None
+    if s.init_from == "scratch" and existing and "init_from" in given:
+        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, or "
+                        "choose another --log_dir")
     if not existing:
-        raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
+        if s.init_from == "resume":
+            raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
+        return s, None
     ckpt, meta = None, None
     if rt.master:  # rank 0 reads and verifies; the others get the verdict, and the weights in restore()
         try:
@@ -318,6 +319,11 @@ def find_resume(s, given, rt, metrics_path):
         meta = broadcast_object(meta)
     if "error" in meta:
         raise UserError(meta["error"])
+    origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
+    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
+        raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
+                        f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
+    s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
     if meta["step"] >= s.max_steps:
         print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="

@@ -89,3 +89,18 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=no_triton, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr[-3000:]
+
+
+def test_what_runs_leave_is_ignored_by_git():
+    """git status stays clean after training into any log_dir, making shards in any folder, downloading
+    HellaSwag or working in a virtual environment; the project's own files are not ignored."""
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    left = ["log/metrics.jsonl", "log_gpt2/model_000150.pt", "run 2/model_000010.pt.damaged", "run 2/.lock",
+            "run 2/.owner", "log/plot.png", "mine/edufineweb_train_000001.bin", "mine/t_val_000000.bin",
+            "nano/edufineweb_train_000001.npy", "hellaswag_data/hellaswag_val.jsonl", ".venv/bin/python",
+            "venv/lib/x.py", "bench.md", "gpu_check.md", "trace.json"]
+    ours = ["train_gpt2.py", "gpt2.tiktoken", "input.txt", "tests/conftest.py", "docs/cpu_run.png"]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *left, *ours], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert sorted(r.stdout.split("\n")[:-1]) == sorted(left), r.stdout

@@ -529,3 +529,31 @@ def test_a_mistake_under_torchrun_is_said_once_per_node(tmp_path, text):
               check=False, nproc=2)
     assert r.returncode == 1 and r.stderr.count("error: --B=0 must be at least 1") == 1, r.stderr[-3000:]
     assert not os.path.exists(tmp_path / "log")
+
+
+def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, reference):
+    """--init_from=<checkpoint> into a new log_dir is a fine-tune. Stopped by Ctrl-C, the same command again
+    continues it from its own newest checkpoint (not from the pretrained weights: before, it started over at
+    step 1, and rotation then deleted its new checkpoints) and ends where the uninterrupted fine-tune ends,
+    bit for bit, one record per step. Other weights into that log_dir are refused and touch nothing; a run
+    without --init_from continues it, keeping its origin."""
+    _, _, ref_log = reference
+    *_, other, weights = checkpoints(ref_log)  # the reference run's final weights, pretrained for this
+    args = TINY + [f"--data_root={text}", f"--init_from={weights}", "--max_steps=6", "--checkpoint_interval=2",
+                   "--eval_interval=6"]
+    assert train_gpt2.main(args + [f"--log_dir={tmp_path / 'whole'}"]) == 0
+    log = str(tmp_path / "log")
+    code, out = start_and_signal(args + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGINT)
+    assert code == 128 + signal.SIGINT, out
+    assert train_gpt2.main(args + [f"--log_dir={log}"]) == 0
+    assert losses(log) == losses(tmp_path / "whole") and loss_steps(log) == list(range(1, 7))
+    starts = [rec for rec in records(log) if rec.get("event") == "start"]
+    assert len(starts) == 2 and starts[1]["step"] in (3, 4) and starts[1]["config"]["init_from"] == weights
+    before = {p: open(p, "rb").read() for p in glob.glob(os.path.join(log, "*"))}
+    with pytest.raises(UserError, match=f"{log} holds a run started from {weights}, not {other}: the same "
+                                        f"command \\(--init_from={weights}\\) continues it"):
+        train_gpt2.main(args[:-3] + [f"--init_from={other}", "--max_steps=8", f"--log_dir={log}"])
+    assert {p: open(p, "rb").read() for p in glob.glob(os.path.join(log, "*"))} == before
+    assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=7", f"--log_dir={log}"]) == 0
+    assert max(losses(log)) == 7 and records(log)[-1]["step"] == 7
+    assert final_weights(log)["config"]["init_from"] == weights  # the origin, kept
