@@ -301,8 +301,8 @@ def find_resume(s, given, rt, metrics_path):
         raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
     if s.init_from == "scratch" and existing and "init_from" in given:
-        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, or "
-                        "choose another --log_dir")
+        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
+                        "or choose another --log_dir")
     if not existing:
         if s.init_from == "resume":
             raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")

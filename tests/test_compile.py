@@ -16,12 +16,14 @@ from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, hellaswag_example, lo
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
 def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, reference, modern_reference, wrap):
-    """torch.compile on 2 gloo ranks x 2 micro-steps, with DDP inside it (here --recipe=modern: rotary,
-    QK-norm and the rest compiled, and DDP all-reduces the gradients Muon orthogonalizes) or on the
-    FSDP-sharded GPT-2 (AdamW): the eager one-process run's losses to rounding (compiled kernels round
-    differently; Newton-Schulz runs in bf16). The compiled HellaSwag (7 examples: the ranks get 4 and 3)
-    equals an eager one-process evaluation, samples are drawn, and the training steps and evaluation after
-    the first evaluation compile nothing new (bench.py --gpu-check checks this on a GPU)."""
+    """torch.compile under torchrun with DDP inside it (here --recipe=modern: rotary, QK-norm and the rest
+    compiled, DDP's buckets split the graph, no_sync skips the all-reduce of 3 micro-steps in 4, and Muon
+    orthogonalizes the gradients DDP reduces), on one rank: each rank compiles the same graphs, and gradient
+    sync under compile across 2 ranks is test_every_part_of_the_step's; or on the FSDP-sharded GPT-2 (AdamW)
+    over 2 gloo ranks x 2 micro-steps. Either gives the eager one-process run's losses to rounding (compiled
+    kernels round differently; Newton-Schulz runs in bf16). The compiled HellaSwag (7 examples; on 2 ranks
+    they get 4 and 3) equals an eager one-process evaluation, samples are drawn, and the training steps and
+    evaluation after the first evaluation compile nothing new (bench.py --gpu-check checks this on a GPU)."""
     from checkpoint import load_model
     from gpu_check import recompiles
     from hellaswag import evaluate, load_examples
@@ -30,7 +32,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     log = tmp_path / "compiled"
     extra = MODERN_RUN if wrap == "ddp" else ["--fsdp=True"]
     r = train(run_args(text) + extra + ["--compile=True", "--hellaswag=7", f"--hellaswag_data={data}",
-                                        f"--log_dir={log}"], cwd=tmp_path, nproc=2,
+                                        f"--log_dir={log}"], cwd=tmp_path, nproc=1 if wrap == "ddp" else 2,
               env={"TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"})
     before, after = recompiles(r.stdout, "step 4: hellaswag")
     assert before >= 1 and after == 0, r.stdout[-5000:]  # evaluation recompiles (no grad), once

@@ -539,8 +539,8 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
     without --init_from continues it, keeping its origin."""
     _, _, ref_log = reference
     *_, other, weights = checkpoints(ref_log)  # the reference run's final weights, pretrained for this
-    args = TINY + [f"--data_root={text}", f"--init_from={weights}", "--max_steps=6", "--checkpoint_interval=2",
-                   "--eval_interval=6"]
+    args = TINY + [f"--data_root={text}", f"--init_from={weights}", "--max_steps=6",
+                   "--checkpoint_interval=2", "--eval_interval=6"]
     assert train_gpt2.main(args + [f"--log_dir={tmp_path / 'whole'}"]) == 0
     log = str(tmp_path / "log")
     code, out = start_and_signal(args + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGINT)
