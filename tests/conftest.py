@@ -72,8 +72,7 @@ def once(tmp_path_factory, worker_id, name, make):
 def reference(tmp_path_factory, worker_id, text):
     """run_args uninterrupted in one process: (losses, final weights, log_dir); copy the log_dir to change
     it (the test workers share it)."""
-    d = once(tmp_path_factory, worker_id, "ref", lambda d: train(run_args(text) + [f"--log_dir={d / 'log'}"],
-                                                                   cwd=d))
+    d = once(tmp_path_factory, worker_id, "ref", lambda d: train_in_process(run_args(text), d / "log"))
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
@@ -85,8 +84,14 @@ def modern_reference(tmp_path_factory, worker_id, text):
     """run_args with --recipe=modern (Muon), uninterrupted in one process: its log_dir (the test workers share
     it)."""
     d = once(tmp_path_factory, worker_id, "modern",
-             lambda d: train(run_args(text) + MODERN_RUN + [f"--log_dir={d / 'log'}"], cwd=d))
+             lambda d: train_in_process(run_args(text) + MODERN_RUN, d / "log"))
     return d / "log"
+
+
+def train_in_process(args, log_dir):
+    """train_gpt2.main(args) into log_dir, which must succeed."""
+    import train_gpt2
+    assert train_gpt2.main(args + [f"--log_dir={log_dir}"]) == 0
 
 
 def train(args, cwd, check=True, nproc=None, env=None, timeout=600):

@@ -172,22 +172,24 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch, posix):
     assert sorted(os.listdir(tmp_path)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.lock"]
 
 
-def test_cli_single_and_torchrun_gloo(model, tmp_path):
+def test_cli_single_and_torchrun_gloo(model, tmp_path, monkeypatch, capsys):
+    """hellaswag.py in one process (in-process) and under torchrun on 2 gloo ranks: the reference's acc and
+    acc_norm, said once."""
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(11)])
     ckpt = save_model(model, tmp_path / "model.pt")
     ref = hellaswag.evaluate_unbatched(model, hellaswag.load_examples(data), Runtime())
     line = re.compile(r"hellaswag: (\d+) examples, acc (\S+), acc_norm (\S+), \S+ examples/s")
     args = ["hellaswag.py", "--model", ckpt, "--data", data, "--device", "cpu", "--batch_size", "4"]
-    outs = [subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True),
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc_per_node=2"] + args,
-                           cwd=ROOT, capture_output=True, text=True)]
-    for out in outs:
-        assert out.returncode == 0, out.stderr[-3000:]
-        m = line.search(out.stdout)
-        assert m and int(m.group(1)) == 11, out.stdout
+    monkeypatch.setattr(sys, "argv", args)
+    hellaswag.main()
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc_per_node=2"] + args, cwd=ROOT, capture_output=True, text=True)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    for out in (capsys.readouterr().out, torchrun.stdout):
+        m = line.search(out)
+        assert m and int(m.group(1)) == 11, out
         assert (float(m.group(2)), float(m.group(3))) == (round(ref["acc"], 4), round(ref["acc_norm"], 4))
-        assert len(line.findall(out.stdout)) == 1  # printed by rank 0 only
+        assert len(line.findall(out)) == 1  # printed by rank 0 only
 
 
 def test_cli_missing_data_is_one_line(model, tmp_path):

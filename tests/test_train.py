@@ -20,12 +20,14 @@ from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error
 
 # ------------------------------------------------------------------------------------------------ runs
 
-def test_tiny_run_on_input_txt(tmp_path):
+def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     """No data_root given and no edu_fineweb10B/ here: trains on input.txt (said aloud), on the CPU."""
     log = str(tmp_path / "log")
-    r = train(TINY + ["--max_steps=30", "--eval_interval=15", "--checkpoint_interval=15", f"--log_dir={log}"],
-            cwd=tmp_path)
-    assert "NOTE: no shards in edu_fineweb10B/" in r.stdout and "NOTE: no CUDA device" in r.stdout
+    monkeypatch.chdir(tmp_path)
+    assert train_gpt2.main(TINY + ["--max_steps=30", "--eval_interval=15", "--checkpoint_interval=15",
+                                   f"--log_dir={log}"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE: no shards in edu_fineweb10B/" in said and "NOTE: no CUDA device" in said
     recs = records(log)
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == train_gpt2.SHAKESPEARE
