@@ -24,7 +24,6 @@ import itertools
 import json
 import os
 import shutil
-import sys
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -32,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_shard
-from errors import UserError, first_line
+from errors import UserError, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
@@ -374,10 +373,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.pretokenized and args.input:
         parser.error("--pretokenized downloads tokens, --input tokenizes local files: choose one")
-    try:  # expected mistakes (a missing or bad input, an unusable out_dir, no network) end in one line
-        if args.pretokenized:
-            download(args.out_dir, args.shards)
-        else:
-            main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    # expected mistakes (a missing or bad input, an unusable out_dir, no network) end in one line
+    main_guard(lambda: download(args.out_dir, args.shards) if args.pretokenized else
+               main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers))

@@ -193,16 +193,15 @@ def setup(device="auto", dtype="auto"):
 def compile_blocker(rt):
     """None if torch.compile works on this device (on every rank), else why not, in a few words. Inductor
     needs triton on a GPU and a C++ compiler on a CPU; finding out costs a few seconds here, not minutes
-    into a run. Apple GPUs (mps) are not compiled."""
-    why = "torch.compile is not used on Apple GPUs (mps)" if rt.kind == "mps" else None
-    if why is None:
-        try:
-            probe = torch.compile(lambda x: (x * 2).sin().sum())
-            probe(torch.ones(8, device=rt.device)).item()
-        except Exception as e:  # whatever the backend raises: no triton, no compiler, an unsupported GPU
-            why = first_line(e)[:200]
-        finally:
-            torch._dynamo.reset()
+    into a run."""
+    why = None
+    try:
+        probe = torch.compile(lambda x: (x * 2).sin().sum())
+        probe(torch.ones(8, device=rt.device)).item()
+    except Exception as e:  # whatever the backend raises: no triton, no compiler, an unsupported GPU
+        why = first_line(e)
+    finally:
+        torch._dynamo.reset()
     if rt.distributed:  # compiled only if it works everywhere
         why = next((w for w in all_gather(why) if w), None)
     return why

@@ -182,7 +182,10 @@ def resolve(given, rt):
     cfg, given = apply_presets({**CONFIG, **given}, given)
     cfg, notes = apply_fallbacks(cfg, given, rt)
     notes += validate(cfg, rt)
-    if cfg["compile"] and (why := runtime.compile_blocker(rt)):
+    if cfg["compile"] and rt.kind == "mps":
+        notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
+        cfg["compile"] = False
+    elif cfg["compile"] and (why := runtime.compile_blocker(rt)):
         notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
                      f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
         cfg["compile"] = False
@@ -426,12 +429,13 @@ def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, g
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
             loss, norm = loss_accum.item(), norm.item()  # CPU-GPU sync point
             # fp16: gradients that overflowed under the loss scale are the scaler's (it skips the update and
-            # lowers the scale); otherwise a non-finite loss or norm is a diverged run: no update
-            skipped = scaler.is_enabled() and math.isfinite(loss) and not math.isfinite(norm)
-            if skipped or (math.isfinite(loss) and math.isfinite(norm)):
-                if not skipped:
-                    for opt in optimizers:
-                        scaler.step(opt)
+            # lowers the scale); otherwise a non-finite loss or norm is a diverged run: no update at all
+            finite = math.isfinite(loss) and math.isfinite(norm)
+            skipped = scaler.is_enabled() and math.isfinite(loss) and not finite
+            if finite:
+                for opt in optimizers:
+                    scaler.step(opt)
+            if finite or skipped:
                 scaler.update()  # fp16: lowers the scale after an overflow
         return loss, norm, skipped
     return step

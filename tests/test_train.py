@@ -559,3 +559,13 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
     assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=7", f"--log_dir={log}"]) == 0
     assert max(losses(log)) == 7 and records(log)[-1]["step"] == 7
     assert final_weights(log)["config"]["init_from"] == weights  # the origin, kept
+
+
+def test_compile_is_not_used_on_an_apple_gpu(text):
+    """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
+    that names mps, not the probe's advice to install a compiler; the probe is not run."""
+    from runtime import Runtime
+    s, _, notes = train_gpt2.resolve({"compile": True, "data_root": text}, Runtime(kind="mps", device="mps"))
+    assert s.compile is False
+    assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
+    assert not any("C++ compiler" in note for note in notes)
