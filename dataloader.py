@@ -4,7 +4,8 @@ Shard file (.bin), llm.c's format so shards are interchangeable with it:
     header  256 x int32   [0] magic 20240520, [1] version 1, [2] number of tokens,
                           [3] tokens of the document at [4:6] already written (the stream position after
                               this shard, so fineweb.py resumes without re-tokenizing),
-                          [4:6] that document's index (int64), [6] fingerprint of fineweb.py's arguments
+                          [4:6] that document's index (int64), [6] fingerprint of fineweb.py's arguments,
+                          [7] fingerprint of its input files (names, sizes, modification times; 0: FineWeb)
     tokens  uint16 x n    GPT-2 token ids
 Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
 The loader also reads build-nanogpt's shards as they are: .npy files holding one uint16 array each.
@@ -36,13 +37,13 @@ def to_uint16(tokens, where):
     return tokens.astype(np.uint16, copy=False)
 
 
-def write_shard(path, tokens, next_doc=0, doc_offset=0, fingerprint=0):
+def write_shard(path, tokens, next_doc=0, doc_offset=0, fingerprints=(0, 0)):
     """Write tokens (ids < 2**16) as a shard, atomically: a crash leaves no file under `path`."""
     tokens = to_uint16(tokens, path)
     header = np.zeros(HEADER_INTS, dtype=np.int32)
     header[:4] = MAGIC, VERSION, tokens.size, doc_offset
     header[4:6].view(np.int64)[0] = next_doc
-    header[6] = fingerprint
+    header[6:8] = fingerprints
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
@@ -112,16 +113,76 @@ def iter_jsonl(path):
             yield f"{path}:{lineno}", row
 
 
+# ------------------------------------------------------------------------------------------------ documents
+
+DOCUMENT_FILES = (".jsonl", ".parquet", ".txt")  # what fineweb.py --input tokenizes and data_root reads
+
+
+def text_of(value, where):
+    if not isinstance(value, str):
+        raise UserError(f"{where}: a document's text is {type(value).__name__}, not str: check --text_field")
+    return value
+
+
+def field(row, text_field, where):
+    if text_field not in row:
+        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
+    return text_of(row[text_field], where)
+
+
+def iter_file(path, text_field="text"):
+    """The documents' texts of one file: a .txt file is one document (an empty one none), a .jsonl file one
+    per line and a .parquet file one per row (their text_field)."""
+    if path.endswith(".txt"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
+                            "it elsewhere") from None
+        if text:
+            yield text
+    elif path.endswith(".jsonl"):
+        for where, row in iter_jsonl(path):
+            yield field(row, text_field, where)
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # comes with datasets
+        pf = pq.ParquetFile(path)
+        if text_field not in pf.schema_arrow.names:
+            raise UserError(f"{path} has no column {text_field!r} (columns: "
+                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                yield text_of(value, path)
+    else:
+        raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files")
+
+
+def split_point(n):
+    """Where a corpus of n tokens that fits in one shard is cut: the first 90% trains, the rest validates. A
+    data_root file and fineweb.py's one-shard corpus use it alike, so both validate on the same tokens."""
+    return int(0.9 * n)
+
+
 @functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
-def tokenize_text_file(path):
-    """A plain text file as one document: <|endoftext|> then its GPT-2 tokens (in memory, uint16,
-    read-only)."""
+def tokenize_file(path):
+    """A document file's tokens as fineweb.py writes them: each document <|endoftext|> then its GPT-2 tokens
+    (in memory, uint16, read-only)."""
     from tokenizer import get_encoding
     enc = get_encoding()
-    with open(path, encoding="utf-8") as f:
-        tokens = np.array([enc.eot_token] + enc.encode_ordinary(f.read()), dtype=np.uint16)
+    tokens = []
+    for text in iter_file(path):
+        tokens.append(enc.eot_token)
+        tokens.extend(enc.encode_ordinary(text))
+    tokens = np.array(tokens, dtype=np.uint16)
     tokens.flags.writeable = False
     return tokens
+
+
+def make_shards(out_dir):
+    """How to make shards in out_dir, for messages."""
+    return (f"make them with `python fineweb.py --input YOUR_FILES --out_dir {out_dir}` (your own .txt, "
+            f".jsonl or .parquet files) or `python fineweb.py --out_dir {out_dir}` (FineWeb-Edu, ~10B tokens)")
 
 
 class DataLoaderLite:
@@ -138,8 +199,9 @@ class DataLoaderLite:
     The position (epoch, shard, next row) is the same on every rank and does not depend on B or the number
     of processes: state_dict() / load_state_dict() resume exactly, also with another B or process count.
 
-    data_root is a directory of shards (*_{split}_*.bin, or build-nanogpt's *_{split}_*.npy) or a text
-    file (e.g. input.txt), which is tokenized in memory and split 90/10 into train / val.
+    data_root is a directory of shards (*_{split}_*.bin, or build-nanogpt's *_{split}_*.npy) or a document
+    file (.txt such as input.txt, .jsonl, .parquet), tokenized in memory as fineweb.py would and cut as its
+    one-shard corpus is (split_point): the first 90% trains, the last 10% validates.
     """
 
     def __init__(self, B, T, process_rank=0, num_processes=1, split="train", data_root="edu_fineweb10B",
@@ -170,13 +232,16 @@ class DataLoaderLite:
     @staticmethod
     def _open(data_root, split):
         if os.path.isfile(data_root):
-            tokens = tokenize_text_file(data_root)
-            cut = int(0.9 * len(tokens))
+            if not data_root.endswith(DOCUMENT_FILES):
+                raise UserError(f"data_root {data_root}: a file data_root holds documents "
+                                f"({', '.join(DOCUMENT_FILES)}: input.txt, say); for shards give their "
+                                "folder, and name a plain-text file .txt")
+            tokens = tokenize_file(data_root)
+            cut = split_point(len(tokens))
             return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
         if not os.path.isdir(data_root):
-            raise UserError(f"data_root {data_root} does not exist: create shards with `python "
-                            f"fineweb.py --out_dir {data_root}`, or point data_root at a text file "
-                            "such as input.txt")
+            raise UserError(f"data_root {data_root} does not exist: {make_shards(data_root)}, or point "
+                            "data_root at a document file such as input.txt")
         found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
                  + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
         if found[".bin"] and found[".npy"]:
@@ -185,10 +250,16 @@ class DataLoaderLite:
                             "per folder; move one kind elsewhere")
         ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
-        if not paths:
-            raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: create them with "
-                            f"`python fineweb.py --out_dir {data_root}`")
-        return [(p, load_shard(p)) for p in paths]
+        if paths:
+            return [(p, load_shard(p)) for p in paths]
+        documents = [p for p in glob.glob(os.path.join(data_root, "**", "*"), recursive=True)
+                     if p.endswith(DOCUMENT_FILES)]
+        if documents:  # a folder of the user's own files: tokenized once by fineweb.py, not every run
+            shards = os.path.normpath(data_root) + "_shards"
+            raise UserError(f"{data_root} holds documents ({os.path.basename(documents[0])}, ...), not "
+                            f"token shards: tokenize them once with `python fineweb.py --input {data_root} "
+                            f"--out_dir {shards}`, then pass --data_root={shards}")
+        raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: {make_shards(data_root)}")
 
     # -------------------------------------------------------------------------------------------- position
 

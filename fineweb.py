@@ -8,9 +8,11 @@
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
 output is deterministic. The token stream is cut into shards of --shard_size tokens (a document may span
 two): shard 0 is the validation split ({prefix}_val_000000.bin), the rest train ({prefix}_train_000001.bin,
-...); the last may be short. Each shard is written under a temporary name and renamed when complete. A rerun
-with the same arguments skips the complete shards (their headers record where in the document stream they
-end) and writes byte-identical files; a rerun with other arguments into the same folder is refused.
+...); the last may be short. A corpus within one shard is cut as a data_root file is: the first 90% trains,
+the last 10% validates. Each shard is written under a temporary name and renamed when complete. A rerun with
+the same arguments skips the complete shards (their headers record where in the document stream they end)
+and writes byte-identical files; a rerun with other arguments, or after the input files changed (names,
+sizes, modification times), is refused.
 
 --pretokenized downloads FineWeb-Edu 10B as modded-nanogpt's cached_finewebedu10B.py does: the Hugging Face
 dataset kjj0/finewebedu10B-gpt2, already tokenized with GPT-2's BPE in llm.c's shard layout (which the loader
@@ -30,49 +32,17 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from dataloader import iter_jsonl, read_header, shard_path, to_uint16, write_shard
+from dataloader import (DOCUMENT_FILES, field, iter_file, read_header, shard_path, split_point, text_of,
+                        to_uint16, write_shard)
 from errors import UserError, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
 PRETOKENIZED_TRAIN = 103  # its train shards: finewebedu_train_000001.bin ... _000103.bin
-EXTENSIONS = (".jsonl", ".parquet", ".txt")
 EMPTY = object()  # what next() gives for a corpus without documents
 
 
 # ------------------------------------------------------------------------------------------------ reading
-
-def iter_file(path, text_field):
-    if path.endswith(".txt"):  # a plain text file is one document; an empty one is none
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
-                            "it out of --input") from None
-        if text:
-            yield text
-    elif path.endswith(".jsonl"):
-        for where, row in iter_jsonl(path):
-            yield field(row, text_field, where)
-    elif path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # comes with datasets
-        pf = pq.ParquetFile(path)
-        if text_field not in pf.schema_arrow.names:
-            raise UserError(f"{path} has no column {text_field!r} (columns: "
-                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
-        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-            yield from batch.column(0).to_pylist()
-    else:
-        raise UserError(f"{path}: unsupported file type; --input takes {', '.join(EXTENSIONS)} files, a "
-                        "folder of them, or a datasets.save_to_disk folder")
-
-
-def field(row, text_field, where):
-    if text_field not in row:
-        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
-    return row[text_field]
-
 
 def iter_documents(input_path, text_field):
     """The documents' texts in order: local files (offline) or, without input_path, FineWeb-Edu streamed
@@ -88,18 +58,45 @@ def iter_documents(input_path, text_field):
                             f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
                             "files, a folder of them, or a datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
+    kind, files, others = input_files(input_path)
+    if kind == "saved":
+        return iter_saved_dataset(input_path, text_field)
+    if others:
+        print(f"fineweb: reading the {len(files)} {', '.join(DOCUMENT_FILES)} files in {input_path}, "
+              f"skipping {len(others)} other files ({os.path.relpath(others[0], input_path)}, ...)")
+    return (doc for p in files for doc in iter_file(p, text_field))
+
+
+def input_files(input_path):
+    """(kind, files read, other files): a document file ("file"), a folder of them ("folder"; other files in
+    it are not read), or a datasets.save_to_disk folder ("saved")."""
     if not os.path.exists(input_path):
         raise UserError(f"--input {input_path} does not exist")
     if os.path.isfile(input_path):
-        return iter_file(input_path, text_field)
+        if not input_path.endswith(DOCUMENT_FILES):
+            raise UserError(f"--input {input_path}: unsupported file type; --input takes "
+                            f"{', '.join(DOCUMENT_FILES)} files, a folder of them, or a "
+                            "datasets.save_to_disk folder")
+        return "file", [input_path], []
+    everything = sorted(p for p in glob.glob(os.path.join(input_path, "**", "*"), recursive=True)
+                        if os.path.isfile(p))
     if any(os.path.exists(os.path.join(input_path, f)) for f in ("dataset_info.json", "dataset_dict.json")):
-        return iter_saved_dataset(input_path, text_field)
-    everything = glob.glob(os.path.join(input_path, "**", "*"), recursive=True)
-    files = sorted(p for p in everything if p.endswith(EXTENSIONS))
+        return "saved", everything, []
+    files = [p for p in everything if p.endswith(DOCUMENT_FILES)]
     if not files:
-        raise UserError(f"--input {input_path} holds no {', '.join(EXTENSIONS)} files and is not a "
+        raise UserError(f"--input {input_path} holds no {', '.join(DOCUMENT_FILES)} files and is not a "
                         f"datasets.save_to_disk folder")
-    return (doc for p in files for doc in iter_file(p, text_field))
+    return "folder", files, [p for p in everything if not p.endswith(DOCUMENT_FILES)]
+
+
+def contents_fingerprint(input_path):
+    """A fingerprint of the input files' names, sizes and modification times: a file added, removed or
+    changed since the shards were written is noticed without reading it. 0 for FineWeb from the Hub."""
+    if input_path is None:
+        return 0
+    _, files, _ = input_files(input_path)
+    listing = [(os.path.relpath(p, input_path), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
+    return zlib.crc32(json.dumps(listing).encode()) & 0x7FFFFFFF or 1
 
 
 def iter_saved_dataset(path, text_field):
@@ -113,7 +110,8 @@ def iter_saved_dataset(path, text_field):
         raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}): "
                         f"pass --text_field")
     for batch in ds.iter(batch_size=1024):
-        yield from batch[text_field]
+        for value in batch[text_field]:
+            yield text_of(value, path)
 
 
 # ------------------------------------------------------------------------------------------------ tokenizing
@@ -125,8 +123,6 @@ def encode_batch(texts):
     eot = np.array([enc.eot_token], dtype=np.uint32)
     arrays = []
     for text in texts:
-        if not isinstance(text, str):
-            raise UserError(f"a document's text is {type(text).__name__}, not str: check --text_field")
         arrays += [eot, enc.encode_to_numpy(text, disallowed_special=())]  # = [eot] + encode_ordinary(text)
     lengths = np.array([len(a) for a in arrays[1::2]], dtype=np.int64) + 1
     return to_uint16(np.concatenate(arrays), "tokenizer output"), lengths
@@ -163,7 +159,7 @@ def shard_name(out_dir, prefix, index):
     return shard_path(out_dir, prefix, "val" if index == 0 else "train", index)
 
 
-def complete_shards(out_dir, prefix, fingerprint):
+def complete_shards(out_dir, prefix, fingerprints):
     """Headers of the complete shards 0, 1, ... already in out_dir. Removes leftovers of an interrupted run,
     and a damaged shard (wrong header or size) with every shard after it: they are written again,
     identically."""
@@ -182,9 +178,13 @@ def complete_shards(out_dir, prefix, fingerprint):
             for p in later:
                 os.remove(p)
             break
-        if header[6] != fingerprint:
+        if header[6] != fingerprints[0]:
             raise UserError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
                             f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
+        if header[7] != fingerprints[1]:
+            raise UserError(f"the input files changed since {path} was written (a file added, removed or "
+                            f"modified): delete {os.path.join(out_dir, prefix)}_*.bin to tokenize them "
+                            "again, or use another --out_dir")
         headers.append(header)
     return headers
 
@@ -223,12 +223,13 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
         raise UserError(f"--shard_size={shard_size} must be positive")
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
-    fingerprint = zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF
-    done = complete_shards(out_dir, prefix, fingerprint) if os.path.isdir(out_dir) else []
+    fingerprints = (zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF,
+                    contents_fingerprint(input_path))  # a missing input fails here, before out_dir
+    done = complete_shards(out_dir, prefix, fingerprints) if os.path.isdir(out_dir) else []
     if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
         print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
         return
-    docs = iter_documents(input_path, text_field)  # a missing input or no network fails here, before out_dir
+    docs = iter_documents(input_path, text_field)  # no network fails here, before out_dir
     first = next(docs, EMPTY)  # and a bad or empty first document too
     if first is EMPTY:
         raise UserError(f"the corpus {input_path or source} is empty: no documents to tokenize")
@@ -236,13 +237,13 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     created = not os.path.exists(out_dir)
     try:
         make_out_dir(out_dir)
-        write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers)
+        write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
     finally:  # bad input: no empty out_dir left behind
         if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)
 
 
-def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
+def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers):
     """Tokenize docs into shards after the complete ones (`done`: their headers)."""
     # resume at the stream position recorded in the last complete shard: skip (not tokenize) what it covers
     next_doc = int(done[-1][4:6].view(np.int64)[0]) if done else 0
@@ -270,22 +271,24 @@ def write_shards(docs, done, out_dir, prefix, fingerprint, shard_size, workers):
             if fill == shard_size:
                 i = int(np.searchsorted(ends, pos, side="right"))  # the document holding the next token
                 offset = pos - (int(ends[i - 1]) if i else 0)
-                write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprint)
+                write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprints)
                 index, fill = index + 1, 0
         doc += len(lengths)
         total += len(tokens)
         bar.update(len(tokens))
     bar.close()
-    if index == 0:  # the whole corpus fits in one shard: 10% of it validates, the rest trains (not 0 shards)
+    if index == 0:  # the whole corpus fits in one shard: cut as a data_root file is (not 0 train shards)
         if fill < 2:
             raise UserError(f"the corpus is {fill} token: too small to split into validation and training")
-        cut = max(1, fill // 10)
+        cut = split_point(fill)
         i = int(np.searchsorted(doc_ends, cut, side="right"))  # the document holding token `cut`
         offset = cut - (doc_ends[i - 1] if i else 0)
-        write_shard(shard_name(out_dir, prefix, 0), buf[:cut], next_doc + i, offset, fingerprint)
-        buf, fill, index = buf[cut:fill], fill - cut, 1
+        # train first: until the val shard (shard 0) exists, a rerun starts over
+        write_shard(shard_name(out_dir, prefix, 1), buf[:cut], next_doc + i, offset, fingerprints)
+        write_shard(shard_name(out_dir, prefix, 0), buf[cut:fill], doc, 0, fingerprints)
+        fill, index = 0, 2
     if fill:  # the last, short shard
-        write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprint)
+        write_shard(shard_name(out_dir, prefix, index), buf[:fill], doc, 0, fingerprints)
         index += 1
     dt = time.time() - t0
     print(f"fineweb: {total:,} tokens in {dt:.1f}s, {total / dt:,.0f} tokens/s; {index} shards "

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import runtime
 from accounting import mfu, peak_flops, training_memory
 from checkpoint import find_resume, hold_log_dir, load_model, save_run
-from dataloader import DataLoaderLite
+from dataloader import DataLoaderLite, make_shards
 from errors import UserError
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPTConfig
@@ -38,7 +38,7 @@ from tokenizer import get_encoding, token_bytes
 
 # ------------------------------------------------------------------------------------------------------------
 # settings: the GPT-2 124M recipe (edit here, or override any name on the command line as --name=value)
-data_root = "edu_fineweb10B"  # token shards from fineweb.py, or a text file such as input.txt
+data_root = "edu_fineweb10B"  # token shards from fineweb.py, or a .txt/.jsonl/.parquet file such as input.txt
 total_batch_size = 524288  # tokens per optimizer step, over all GPUs and micro-steps (2**19, ~0.5M as GPT-3)
 B = 64  # micro-batch per GPU; lower it if memory runs out (gradient accumulation keeps total_batch_size)
 T = 1024  # sequence length
@@ -253,8 +253,8 @@ def validate(cfg, rt):
     if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
         raise UserError(f"--log_dir={cfg['log_dir']} is a file, not a directory: choose another --log_dir")
     if not os.path.exists(cfg["data_root"]):
-        raise UserError(f"data_root {cfg['data_root']} does not exist: make shards with `python fineweb.py "
-                        f"--out_dir {cfg['data_root']}` or point --data_root at a text file")
+        raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
+                        "point --data_root at a .txt, .jsonl or .parquet file")
     for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps",
                 "checkpoint_interval", "keep_checkpoints"):
         if cfg[key] < 1:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import fineweb
-from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, tokenize_text_file,
-                        write_shard)
+from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
+                        tokenize_file, write_shard)
 from errors import UserError
 from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses
 from tokenizer import get_encoding
@@ -32,6 +32,12 @@ def write_docs(path, docs, field="text"):
 
 def shards_of(out_dir):
     return sorted(glob.glob(os.path.join(out_dir, "*.bin")), key=lambda p: p[-10:])  # by index
+
+
+def one_shard_stream(out_dir):
+    """The tokens of a corpus within one shard in stream order: the train shard (first 90%), then val."""
+    val, train = (load_shard(p) for p in shards_of(out_dir))
+    return np.concatenate([train, val])
 
 
 def make(tmp_path, docs=DOCS, shard_size=97, **kw):
@@ -66,7 +72,7 @@ def test_cli_end_to_end(tmp_path):
     assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
 
 
-def test_local_input_kinds(tmp_path):
+def test_local_input_kinds(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
     d = tmp_path / "mixed"
@@ -74,21 +80,34 @@ def test_local_input_kinds(tmp_path):
     write_docs(d / "a.jsonl", DOCS[:10])
     pq.write_table(pa.table({"text": DOCS[10:30], "n": list(range(20))}), d / "b.parquet")
     (d / "sub" / "c.txt").write_text("a whole file is one document\n\nwith paragraphs", encoding="utf-8")
-    (d / "notes.md").write_text("ignored")
+    (d / "notes.md").write_text("not read, but counted")
     fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
+    out = capsys.readouterr().out
+    assert "reading the 3 .jsonl, .parquet, .txt files in" in out
+    assert "skipping 1 other files (notes.md, ...)" in out
     expected = reference(DOCS[:10] + DOCS[10:30] + ["a whole file is one document\n\nwith paragraphs"])
-    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), expected)
+    assert np.array_equal(one_shard_stream(tmp_path / "o"), expected)
     # a single .txt file (like input.txt) is one document
     fineweb.main(str(d / "sub" / "c.txt"), str(tmp_path / "o2"), "text", 10_000, "m", 1)
-    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o2")]),
+    assert np.array_equal(one_shard_stream(tmp_path / "o2"),
                           expected[-len(reference(["a whole file is one document\n\nwith paragraphs"])):])
+    # a file added, or one changed, since the shards were written: refused, not taken as complete
+    (d / "sub" / "d.txt").write_text("one more document", encoding="utf-8")
+    with pytest.raises(UserError, match="the input files changed since .*m_val_000000.bin was written"):
+        fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
+    os.remove(d / "sub" / "d.txt")
+    fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)  # as it was: complete
+    assert "all 2 shards" in capsys.readouterr().out
+    (d / "sub" / "c.txt").write_text("the same name, other words", encoding="utf-8")
+    with pytest.raises(UserError, match="the input files changed"):
+        fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
 
 
 def test_save_to_disk_dir(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"content": DOCS}).save_to_disk(str(tmp_path / "ds"))
     fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o"), "content", 10_000, "s", 2)
-    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
+    assert np.array_equal(one_shard_stream(tmp_path / "o"), reference(DOCS))
     with pytest.raises(UserError, match="no column 'text'.*content"):
         fineweb.main(str(tmp_path / "ds"), str(tmp_path / "o3"), "text", 10_000, "s", 1)
 
@@ -190,9 +209,9 @@ def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
 
 
 def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
-    """python fineweb.py --input corpus (16k tokens, under the default 100M-token shard): 10% of it becomes
-    the val shard and the rest a train shard, so train_gpt2.py trains on it; the val shard's header records
-    where it ends, so a rerun finds both complete and changes nothing."""
+    """python fineweb.py --input corpus (16k tokens, under the default 100M-token shard): its last 10% becomes
+    the val shard and the rest a train shard, so train_gpt2.py trains on it, and validates on the same tokens
+    as with the corpus file itself as data_root; a rerun finds both shards complete and changes nothing."""
     src = tmp_path / "corpus.jsonl"
     with open(text, encoding="utf-8") as f:
         docs = f.read().split("\n\n")
@@ -202,8 +221,10 @@ def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
     r = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and "2 shards (edufineweb_val_000000.bin + 1 train)" in r.stdout, r.stderr
     val, train_shard = (load_shard(p) for p in shards_of(out))
-    assert len(val) == (len(val) + len(train_shard)) // 10
-    assert np.array_equal(np.concatenate([val, train_shard]), reference(docs))
+    assert len(train_shard) == split_point(len(reference(docs)))
+    assert np.array_equal(np.concatenate([train_shard, val]), reference(docs))
+    for split, tokens in (("train", train_shard), ("val", val)):  # the corpus file as data_root: the same
+        assert np.array_equal(DataLoaderLite(1, 8, split=split, data_root=str(src)).shards[0][1], tokens)
     before = {p: open(p, "rb").read() for p in shards_of(out)}
     r = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and "all 2 shards" in r.stdout, r.stdout + r.stderr
@@ -433,10 +454,20 @@ def test_resume_with_another_batch_size_or_world_size(tmp_path, shuffle):
         assert stream(b, n) == expected and n >= 120
 
 
-def test_text_file_root(tmp_path):
+def test_document_file_roots(tmp_path):
+    """A .txt data_root is one document, a .jsonl one a document per line (its text, not the JSON); a folder
+    of documents, or a file of another kind, is refused naming the command that makes shards of it."""
     text = (tmp_path / "play.txt")
     text.write_text(open(os.path.join(ROOT, "input.txt"), encoding="utf-8").read()[:20000], encoding="utf-8")
-    tokens = tokenize_text_file(str(text))
+    write_docs(tmp_path / "docs.jsonl", DOCS[:20])
+    assert np.array_equal(tokenize_file(str(tmp_path / "docs.jsonl")), reference(DOCS[:20]))
+    (tmp_path / "notes.md").write_text("# notes")
+    with pytest.raises(UserError, match="a file data_root holds documents .*name a plain-text file .txt"):
+        DataLoaderLite(1, 8, data_root=str(tmp_path / "notes.md"))
+    with pytest.raises(UserError, match=f"holds documents .*, not token shards: tokenize them once with "
+                                        f"`python fineweb.py --input {tmp_path} --out_dir {tmp_path}_shards`"):
+        DataLoaderLite(1, 8, data_root=str(tmp_path))
+    tokens = tokenize_file(str(text))
     assert tokens[0] == 50256 and np.array_equal(tokens[1:], get_encoding().encode_ordinary(text.read_text()))
     cut = int(0.9 * len(tokens))
     train = DataLoaderLite(2, 8, data_root=str(text), split="train")
@@ -448,7 +479,7 @@ def test_text_file_root(tmp_path):
 
 def test_loader_errors(tmp_path):
     root = toy_shards(tmp_path)
-    with pytest.raises(UserError, match="python fineweb.py --out_dir"):
+    with pytest.raises(UserError, match="python fineweb.py --input YOUR_FILES --out_dir .*nowhere"):
         DataLoaderLite(1, 8, data_root=str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"no val shards \(\*_val_\*.bin\)"):
@@ -473,7 +504,7 @@ def test_loader_errors(tmp_path):
 def test_train_gpt2_on_npy_shards_equals_bin_shards(tmp_path, text):
     """train_gpt2.py trains on a folder of build-nanogpt .npy shards exactly as on the same tokens in .bin
     shards: the same losses, step for step."""
-    tokens = tokenize_text_file(text)
+    tokens = tokenize_file(text)
     (tmp_path / "bin").mkdir()
     (tmp_path / "npy").mkdir()
     for split, part in (("val", tokens[:3000]), ("train", tokens[3000:])):
