@@ -226,10 +226,6 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
                         "new one with --log_dir=NEW")
-    rows, saved_rows = s.B * world_size, saved["B"] * saved_world  # rows of T tokens per micro-step
-    same_val_steps = s.val_steps == saved["val_steps"]
-    if rows != saved_rows and same_val_steps and saved["val_steps"] * saved_rows % rows == 0:
-        s = dataclasses.replace(s, val_steps=saved["val_steps"] * saved_rows // rows)  # the same rows
     notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}"
              for k, v in dataclasses.asdict(s).items() if k != "init_from" and k in saved and saved[k] != v]
     if saved_world != world_size:

@@ -219,11 +219,16 @@ class DataLoaderLite:
         rows_per_step = B * num_processes
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
-            if rows < rows_per_step:
+            if split == "train" and rows < rows_per_step:
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
                                 "(fineweb.py --shard_size)")
+            if rows < 1:  # validation reads rows (read_rows), not steps
+                raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one row of T+1 = {T + 1}: "
+                                "lower T, or give the validation split more text")
+        self.row_starts = np.cumsum([0] + self.rows_per_shard)  # shard k's first row in the split's rows
+        self.rows_total = int(self.row_starts[-1])
         self.tokens_total = sum(len(t) for _, t in self.shards)
         self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches a pass
         self.tokens_per_epoch = self.steps_per_epoch * rows_per_step * T  # input tokens served per epoch
@@ -315,3 +320,15 @@ class DataLoaderLite:
         self.row += B * self.world
         self._advance()
         return x, y
+
+    def read_rows(self, indices):
+        """(x, y) int64 (len(indices), T): the split's rows with these indices in file order (shard after
+        shard; whatever B, the number of processes or shuffle). Validation reads these."""
+        import torch
+        T, rows = self.T, []
+        for g in indices:
+            k = int(np.searchsorted(self.row_starts, g, side="right")) - 1  # the shard holding row g
+            j = g - int(self.row_starts[k])
+            rows.append(self.shards[k][1][j * T: j * T + T + 1])
+        buf = np.stack(rows).astype(np.int64)
+        return torch.from_numpy(buf[:, :-1].copy()), torch.from_numpy(buf[:, 1:].copy())

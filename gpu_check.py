@@ -118,7 +118,7 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
            os.path.join(ROOT, "train_gpt2.py"), f"--device={device}",
            f"--data_root={os.path.join(ROOT, 'input.txt')}",
            *CHECK_MODEL, "--B=8", "--T=256", "--total_batch_size=4096", "--max_steps=20", "--warmup_steps=5",
-           "--eval_interval=5", "--val_steps=4", "--hellaswag=40", f"--hellaswag_data={data}",
+           "--eval_interval=5", "--val_tokens=7680", "--hellaswag=40", f"--hellaswag_data={data}",
            "--compile=True",
            "--checkpoint_interval=20", f"--log_dir={log_dir}"]
     env = {**os.environ, "TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"}

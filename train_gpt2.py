@@ -69,7 +69,7 @@ head_lr = 0.0  # the same for an untied lm_head
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
-val_steps = 20  # micro-batches of validation loss per rank and eval
+val_tokens = 20 * 524288  # validation tokens per eval: the split's first, whatever B or the number of GPUs
 hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
@@ -103,11 +103,11 @@ SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100,
+    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
     checkpoint_interval=300)
 CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
-    warmup_steps=20, max_steps=150, eval_interval=50, val_steps=8, hellaswag=0, checkpoint_interval=50,
+    warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samples 4 x 24 more
 
@@ -255,7 +255,7 @@ def validate(cfg, rt):
     if not os.path.exists(cfg["data_root"]):
         raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
                         "point --data_root at a .txt, .jsonl or .parquet file")
-    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_steps",
+    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_tokens",
                 "checkpoint_interval", "keep_checkpoints"):
         if cfg[key] < 1:
             raise UserError(f"--{key}={cfg[key]} must be at least 1")
@@ -309,13 +309,13 @@ def fit_memory(s, given, config, rt):
 
 
 def one_validation_pass(s, loader):
-    """(settings, notes): val_steps at most the batches one pass over the validation split holds, so no
-    batch counts twice."""
-    if s.val_steps <= loader.steps_per_epoch:
+    """(settings, notes): val_tokens at most the validation split's rows of T tokens, so no row counts
+    twice."""
+    if s.val_tokens // s.T <= loader.rows_total:
         return s, []
-    return dataclasses.replace(s, val_steps=loader.steps_per_epoch), [
-        f"val_steps={s.val_steps} but the validation split holds {loader.steps_per_epoch} batches of "
-        f"{s.B} x {s.T} tokens x {loader.world} processes: evaluating on those, once each"]
+    return dataclasses.replace(s, val_tokens=loader.rows_total * s.T), [
+        f"val_tokens={s.val_tokens:,} but the validation split holds {loader.rows_total:,} rows of {s.T} "
+        f"tokens: evaluating on those, once each"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -460,8 +460,8 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
            f"{json.dumps({k: v for k, v in config.items() if v != CONFIG[k]})}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
     if s.eval_only:  # nothing trained: what one evaluation reads
-        print0(f"eval: {s.val_steps} validation batches of {s.B} x {s.T} tokens x {rt.world_size} processes "
-               f"from {s.data_root}, {s.hellaswag:,} HellaSwag examples; device {rt.device}")
+        print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
+               f"HellaSwag examples; device {rt.device}")
     else:
         print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
                f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
@@ -523,21 +523,28 @@ def out_of_memory_hint(s, rt, config):
 # evaluation: every rank runs every forward (under FSDP each one is collective)
 
 @torch.no_grad()
-def validation_loss(model, loader, steps, rt):
-    """(val loss in nats per token, val bits per byte) over `steps` batches of each rank, summed over ranks.
-    Bits per byte leave out <|endoftext|> (no text) and are comparable across tokenizers."""
+def validation_loss(model, loader, rows, B, rt):
+    """(val loss in nats per token, val bits per byte) of the validation split's first `rows` rows of T
+    tokens: the same tokens, and the same value up to summation order, whatever B and the number of processes.
+    Each rank reads a contiguous share in micro-batches of B, and every rank runs the same number of forwards
+    (under FSDP each is collective): a batch short of rows is padded to B (fixed shapes, no recompiling) with
+    rows that count zero. Bits per byte leave out <|endoftext|> (no text) and compare across tokenizers."""
     text_bytes = torch.tensor(token_bytes(get_encoding(), model.config.vocab_size), device=rt.device)  # (V,)
-    loader.reset()
+    share = -(-rows // rt.world_size)  # rows per rank (the last may have fewer, or none)
+    first = rt.rank * share
+    mine = max(0, min(rows - first, share))
     nats = torch.zeros(2, device=rt.device)  # all targets' losses; those of the targets that are text
     counts = torch.zeros(2, dtype=torch.long, device=rt.device)  # targets; their UTF-8 bytes
-    for _ in range(steps):
-        x, y = loader.next_batch()
-        y = y.to(rt.device).view(-1)
+    for start in range(0, share, B):
+        n = max(0, min(B, mine - start))  # rows of this rank's share in this batch; the rest is padding
+        x, y = loader.read_rows([first + start + i if i < n else 0 for i in range(B)])
+        y = y.to(rt.device).view(-1)  # (B*T,)
         with autocast(rt.device, rt.dtype):
             _, losses = model(x.to(rt.device), y, reduction="none")  # (B*T,)
-        nbytes = text_bytes[y]
+        keep = (torch.arange(B, device=rt.device) < n).repeat_interleave(loader.T)  # (B*T,) not padding
+        losses, nbytes = torch.where(keep, losses, 0.0), text_bytes[y] * keep
         nats += torch.stack([losses.sum(), (losses * (nbytes > 0)).sum()]).float()  # a mask: no sync
-        counts[0] += y.numel()
+        counts[0] += keep.sum()
         counts[1] += nbytes.sum()
     if rt.distributed:
         dist.all_reduce(nats)
@@ -549,7 +556,7 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
     """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
     eval_model.eval()
     at = os.path.basename(s.init_from) if s.eval_only else f"step {step}"  # eval_only: no steps
-    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_steps, rt)
+    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_tokens // s.T, s.B, rt)
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths

@@ -14,13 +14,13 @@ import fineweb
 from checkpoint import checkpoints
 from errors import UserError
 from conftest import DOCS, ROOT, hellaswag_example, records, save_model, train, write_jsonl
-from dataloader import DataLoaderLite, load_shard
+from dataloader import load_shard
 from model import GPT, GPTConfig
 from tokenizer import EOT, get_encoding
 
-B, T, VAL_STEPS = 2, 16, 3
-EVAL = ["--device=cpu", f"--B={B}", f"--T={T}", f"--total_batch_size={B * T * 2}", f"--val_steps={VAL_STEPS}",
-        "--compile=False"]
+B, T, VAL_ROWS = 2, 16, 11  # 11 rows: neither B nor 2 ranks divide them (batches padded, shares unequal)
+EVAL = ["--device=cpu", f"--B={B}", f"--T={T}", f"--total_batch_size={B * T * 2}",
+        f"--val_tokens={VAL_ROWS * T}", "--compile=False"]
 
 
 @pytest.fixture(scope="module")
@@ -38,31 +38,34 @@ def setup(tmp_path_factory):
     return d, model, data
 
 
-def plain_val(model, data_root, world_size):
-    """(val loss, val bpb) one token at a time: each rank's validation rows, each row through the model alone,
-    each target's loss from its own log-softmax; bytes from decoding each target token (<|endoftext|>:
-    none)."""
+def val_tokens(data_root):
+    """The first VAL_ROWS rows of T+1 tokens of the val shard (they overlap by one), read from the file."""
+    return load_shard(glob.glob(str(data_root / "*val*.bin"))[0])[:VAL_ROWS * T + 1]
+
+
+def plain_val(model, data_root):
+    """(val loss, val bpb) one token at a time: the validation split's first VAL_ROWS rows, each row through
+    the model alone, each target's loss from its own log-softmax; bytes from decoding each target token
+    (<|endoftext|>: none)."""
     enc = get_encoding()
     nats = text_nats = tokens = text_bytes = 0.0
-    for rank in range(world_size):
-        loader = DataLoaderLite(B, T, rank, world_size, "val", str(data_root))
-        for _ in range(VAL_STEPS):
-            x, y = loader.next_batch()
-            for row_x, row_y in zip(x, y):
-                with torch.no_grad():
-                    logits, _ = model(row_x[None])
-                for logit, target in zip(logits[0], row_y.tolist()):
-                    loss = -F.log_softmax(logit.double(), -1)[target].item()
-                    n = 0 if target == EOT else len(enc.decode_single_token_bytes(target))
-                    nats, tokens = nats + loss, tokens + 1
-                    if n:
-                        text_nats, text_bytes = text_nats + loss, text_bytes + n
+    row_tokens = torch.tensor(val_tokens(data_root).astype("int64"))
+    for j in range(VAL_ROWS):
+        row_x, row_y = row_tokens[j * T: j * T + T], row_tokens[j * T + 1: j * T + T + 1]
+        with torch.no_grad():
+            logits, _ = model(row_x[None])
+        for logit, target in zip(logits[0], row_y.tolist()):
+            loss = -F.log_softmax(logit.double(), -1)[target].item()
+            n = 0 if target == EOT else len(enc.decode_single_token_bytes(target))
+            nats, tokens = nats + loss, tokens + 1
+            if n:
+                text_nats, text_bytes = text_nats + loss, text_bytes + n
     return nats / tokens, text_nats / (math.log(2) * text_bytes)
 
 
 def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
-    """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' batches)
-    equal a plain token-by-token computation; HellaSwag and samples run; nothing is trained or saved. The
+    """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' shares)
+    equal a plain token-by-token computation over the same rows as one process reads (the next test); HellaSwag and samples run; nothing is trained or saved. The
     first record says what ran the run."""
     d, model, data = setup
     log = tmp_path / "log"
@@ -78,11 +81,11 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     assert "hf: hellaswag acc_norm" in r.stdout and "step 0" not in r.stdout
     assert "5 HellaSwag examples" in r.stdout and "accumulation steps" not in r.stdout  # no training report
     # those used
-    tokens = load_shard(glob.glob(str(d / "shards" / "*val*.bin"))[0])[:2 * VAL_STEPS * B * T + 1]
+    tokens = val_tokens(d / "shards")
     assert (tokens == EOT).sum() >= 3 and any(len(get_encoding().decode_single_token_bytes(t)) > 1 and
                                               not get_encoding().decode_single_token_bytes(t).isascii()
                                               for t in tokens)  # both cases occur
-    loss, bpb = plain_val(model, d / "shards", 2)
+    loss, bpb = plain_val(model, d / "shards")
     assert math.isclose(val["val_loss"], loss, rel_tol=1e-5), (val["val_loss"], loss)
     assert math.isclose(val["val_bpb"], bpb, rel_tol=1e-5), (val["val_bpb"], bpb)
     info = recs[0]["run"]
@@ -110,9 +113,14 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     recs = records(log)
     (val,) = [rec for rec in recs if "val_loss" in rec]
     assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")
-    loss, bpb = plain_val(model, d / "shards", 1)
+    loss, bpb = plain_val(model, d / "shards")
     assert math.isclose(val["val_loss"], loss, rel_tol=1e-5)
     assert math.isclose(val["val_bpb"], bpb, rel_tol=1e-5)
+    # another micro-batch reads the same rows (11 = 2 x 5 + 1 padded; now 1 x 11): the same values
+    assert train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", "--B=1",
+                                   f"--log_dir={log}"]) == 0
+    (val1,) = [rec for rec in records(log) if "val_loss" in rec]
+    assert math.isclose(val1["val_loss"], loss, rel_tol=1e-5) and math.isclose(val1["val_bpb"], bpb, rel_tol=1e-5)
     with pytest.raises(UserError, match="--eval_only=True evaluates given weights: set --init_from"):
         train_gpt2.main(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"])
     (tmp_path / "train").mkdir()

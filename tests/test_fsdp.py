@@ -31,10 +31,9 @@ def torchrun(args, cwd, extra=(), env=None, check=True):
 
 
 def args(text, data, log_dir):
-    # run_args on 2 ranks x 2 micro-steps, validating the same rows as one process; 5 HellaSwag examples: 3 on
-    # rank 0, 2 on rank 1, so rank 1 pads a batch
-    return run_args(text) + ["--hellaswag=5", f"--hellaswag_data={data}", "--val_steps=1",
-                             f"--log_dir={log_dir}"]
+    # run_args on 2 ranks x 2 micro-steps, validating the same rows as one process (val_tokens); 5 HellaSwag
+    # examples: 3 on rank 0, 2 on rank 1, so rank 1 pads a batch
+    return run_args(text) + ["--hellaswag=5", f"--hellaswag_data={data}", f"--log_dir={log_dir}"]
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     assert train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--B=2"]) == 0
     start = [rec for rec in records(log) if rec.get("event") == "start"][-1]
     # as used: twice the accumulation steps (total_batch_size stays), validating the same rows
-    assert start["step"] == stopped and start["config"]["B"] == 2 and start["config"]["val_steps"] == 4
+    assert start["step"] == stopped and start["config"]["B"] == 2 and start["config"]["val_tokens"] == 256
     got = losses(log)
     assert sorted(got) == list(range(1, 9))
     for s in range(stopped + 1, 9):  # another split of the same batch: equal up to float rounding
@@ -231,21 +231,18 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
 
 
 def test_resume_settings():
-    """What a resume may change: B (validating the same rows), learning rates and weight decay (noted);
+    """What a resume may change: B, learning rates and weight decay (noted);
     what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
     from model import GPTConfig
     Settings = train_gpt2.Settings
-    saved = dict(train_gpt2.CONFIG, B=4, val_steps=2)
+    saved = dict(train_gpt2.CONFIG, B=4)
     s, notes = resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
-    assert s.val_steps == 4 and s.max_lr == 1e-3 and s.embed_lr == 0.2
+    assert s.B == 2 and s.max_lr == 1e-3 and s.embed_lr == 0.2
     assert notes == ["B changed since the checkpoint: 4 -> 2",
                      "max_lr changed since the checkpoint: 0.0006 -> 0.001",
-                     "embed_lr changed since the checkpoint: 0.0 -> 0.2",
-                     "val_steps changed since the checkpoint: 2 -> 4"]
-    s, _ = resume_settings(saved, Settings(**dict(saved, B=2, val_steps=3)), 2, 2, "log")  # as given
-    assert s.val_steps == 3
-    s, notes = resume_settings(saved, Settings(**dict(saved, B=2)), 1, 2, "log")  # 4 x 1 rows = 2 x 2 rows
-    assert s.val_steps == 2 and notes[-1] == "processes changed since the checkpoint: 1 -> 2"
+                     "embed_lr changed since the checkpoint: 0.0 -> 0.2"]
+    s, notes = resume_settings(saved, Settings(**saved), 1, 2, "log")
+    assert notes == ["processes changed since the checkpoint: 1 -> 2"]
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
                        ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
         with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
@@ -509,19 +506,18 @@ def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, statu
 
 
 def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
-    """val_steps larger than the validation split: a NOTE, and the loss of one pass over it (before, the
-    loader went round again and counted batches twice). The split of the tiny text holds 13 batches of 4 x 32
-    tokens."""
+    """val_tokens beyond the validation split: a NOTE, and the loss of one pass over it (no row counted
+    twice). The split of the tiny text holds 55 rows of 32 tokens."""
     from dataloader import DataLoaderLite
     args = TINY + [f"--data_root={text}", "--max_steps=1", "--eval_interval=1"]
-    assert DataLoaderLite(4, 32, 0, 1, "val", text).steps_per_epoch == 13
-    train_gpt2.main(args + ["--val_steps=100", f"--log_dir={tmp_path / 'many'}"])
-    assert ("NOTE: val_steps=100 but the validation split holds 13 batches of 4 x 32 tokens x 1 processes: "
-            "evaluating on those, once each") in capsys.readouterr().out
-    train_gpt2.main(args + ["--val_steps=13", f"--log_dir={tmp_path / 'once'}"])
-    assert "NOTE: val_steps" not in capsys.readouterr().out
+    assert DataLoaderLite(4, 32, 0, 1, "val", text).rows_total == 55
+    train_gpt2.main(args + ["--val_tokens=100000", f"--log_dir={tmp_path / 'many'}"])
+    assert ("NOTE: val_tokens=100,000 but the validation split holds 55 rows of 32 tokens: evaluating on those, "
+            "once each") in capsys.readouterr().out
+    train_gpt2.main(args + [f"--val_tokens={55 * 32}", f"--log_dir={tmp_path / 'once'}"])
+    assert "NOTE: val_tokens" not in capsys.readouterr().out
     many, once = ([r for r in records(tmp_path / name) if "val_loss" in r] for name in ("many", "once"))
-    assert records(tmp_path / "many")[0]["config"]["val_steps"] == 13
+    assert records(tmp_path / "many")[0]["config"]["val_tokens"] == 55 * 32
     assert many[0]["val_loss"] == once[0]["val_loss"] and many[0]["val_bpb"] == once[0]["val_bpb"]
 
 
