@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, pretrained_config
 from errors import UserError, first_line
 from runtime import broadcast_object, print0
 
@@ -109,6 +109,41 @@ def load_model(spec):
         model.load_state_dict(ckpt["model"])
         return model
     return GPT.from_pretrained(spec)
+
+
+def model_config(spec):
+    """The GPTConfig (a dict) of load_model(spec), read without loading or verifying the weights: a
+    checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape."""
+    if not spec.endswith(".pt"):
+        return dataclasses.asdict(pretrained_config(spec))
+    if not os.path.isfile(spec):
+        raise CheckpointError(f"checkpoint {spec} does not exist")
+    try:  # memory-mapped: only the config is read
+        config = torch.load(spec, map_location="cpu", weights_only=True, mmap=True)["model_config"]
+    except Exception as e:  # a truncated zip, a file of another kind, no model_config
+        raise CheckpointError(f"{spec} is not a readable train_gpt2.py checkpoint ({first_line(e)})") \
+            from None
+    return dataclasses.asdict(GPTConfig(**config))
+
+
+# the settings that a model's weights decide
+MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
+
+
+def weights_shape(s, given, config, origin):
+    """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
+    place of the settings block's: what ran is what the log records. A shape setting given on the command line
+    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
+    differ = [k for k in MODEL if k in given and given[k] != config[k]]
+    if differ:
+        why = " (--recipe sets them)" if "recipe" in given else ""
+        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
+                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
+    if s.T > config["block_size"]:
+        raise UserError(f"T={s.T}, but {origin} has {config['block_size']} positions (block_size): use "
+                        f"--T={config['block_size']} or less")
+    return dataclasses.replace(s, **{k: config[k] for k in MODEL})
 
 
 # ---------------------------------------------------------------------------------------------- training runs
@@ -320,6 +355,8 @@ def find_resume(s, given, rt, metrics_path):
         raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
                         f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
+    if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
+        s = weights_shape(s, given, meta["model_config"], s.init_from)
     s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
     if meta["step"] >= s.max_steps:
         print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="

@@ -182,7 +182,8 @@ def tokenize_file(path):
 def make_shards(out_dir):
     """How to make shards in out_dir, for messages."""
     return (f"make them with `python fineweb.py --input YOUR_FILES --out_dir {out_dir}` (your own .txt, "
-            f".jsonl or .parquet files) or `python fineweb.py --out_dir {out_dir}` (FineWeb-Edu, ~10B tokens)")
+            f".jsonl or .parquet files) or `python fineweb.py --out_dir {out_dir}` (FineWeb-Edu, ~10B "
+            "tokens)")
 
 
 class DataLoaderLite:

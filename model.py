@@ -26,8 +26,8 @@ GPT2_SIZES = {  # OpenAI's four GPT-2 shapes (parameters at vocab 50257; HF name
     "774M": dict(n_layer=36, n_head=20, n_embd=1280),
     "1558M": dict(n_layer=48, n_head=25, n_embd=1600),
 }
-# Hub ids
-PRETRAINED = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
+OPENAI = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}  # name: size
+PRETRAINED = {name: f"openai-community/{name}" for name in OPENAI}  # Hub ids
 
 
 @dataclasses.dataclass
@@ -407,19 +407,7 @@ class GPT(nn.Module):
         local folder in HF GPT-2 format: config.json + model.safetensors (or pytorch_model.bin), e.g. what
         save_pretrained or transformers wrote."""
         folder = name_or_dir if os.path.isdir(name_or_dir) else download_gpt2(name_or_dir)
-        c = read_json(os.path.join(folder, "config.json"))
-        want = {"model_type": "gpt2", "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
-                "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-                "tie_word_embeddings": True}
-        for key, value in want.items():
-            if c.get(key, value) != value:
-                raise UserError(f"{folder}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
-                                f"supports only {value!r}")
-        if c.get("n_inner") not in (None, 4 * c["n_embd"]):
-            raise UserError(f"{folder}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
-                            "n_embd wide")
-        model = cls(GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
-                              n_head=c["n_head"], n_embd=c["n_embd"]))
+        model = cls(pretrained_config(folder))
         sd = {}
         for k, v in read_hf_weights(folder).items():
             # OpenAI's files: no prefix
@@ -469,13 +457,33 @@ class GPT(nn.Module):
             json.dump(config, f, indent=2)
 
 
+def pretrained_config(name_or_dir):
+    """The GPTConfig of OpenAI's GPT-2 `name` (no download) or of an HF GPT-2 folder (its config.json)."""
+    if not os.path.isdir(name_or_dir):
+        if name_or_dir not in OPENAI:
+            raise UserError(f"unknown model {name_or_dir!r}: use one of {', '.join(OPENAI)}, a local folder "
+                            "in HF GPT-2 format (config.json + model.safetensors) or a train_gpt2.py "
+                            "checkpoint (.pt)")
+        return GPTConfig(**GPT2_SIZES[OPENAI[name_or_dir]], block_size=1024, vocab_size=GPT2_VOCAB)
+    c = read_json(os.path.join(name_or_dir, "config.json"))
+    want = {"model_type": "gpt2", "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+            "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+            "tie_word_embeddings": True}
+    for key, value in want.items():
+        if c.get(key, value) != value:
+            raise UserError(f"{name_or_dir}/config.json has {key}={c[key]!r}; this GPT-2 implementation "
+                            f"supports only {value!r}")
+    if c.get("n_inner") not in (None, 4 * c["n_embd"]):
+        raise UserError(f"{name_or_dir}/config.json has n_inner={c['n_inner']}; this GPT-2 has an MLP 4 x "
+                        "n_embd wide")
+    return GPTConfig(block_size=c["n_positions"], vocab_size=c["vocab_size"], n_layer=c["n_layer"],
+                     n_head=c["n_head"], n_embd=c["n_embd"])
+
+
 def download_gpt2(name):
     """The local folder of OpenAI's GPT-2 `name` (config.json + model.safetensors), from the Hugging Face
     Hub's cache, downloading what is missing (huggingface_hub comes with datasets)."""
-    if name not in PRETRAINED:
-        raise UserError(f"unknown model {name!r}: use one of {', '.join(PRETRAINED)}, a local folder in HF "
-                        "GPT-2 format (config.json + model.safetensors) or a train_gpt2.py checkpoint "
-                        "(.pt)")
+    pretrained_config(name)  # an unknown name: the one-line error
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import logging

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
 from accounting import mfu, peak_flops, training_memory
-from checkpoint import find_resume, hold_log_dir, load_model, save_run
+from checkpoint import MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, weights_shape
 from dataloader import DataLoaderLite, make_shards
 from errors import UserError
 from hellaswag import evaluate as hellaswag_eval, load_examples
@@ -222,13 +222,20 @@ def apply_fallbacks(cfg, given, rt):
                      + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
     if rt.kind != "cuda":
-        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training a small model")
-                     + " with a small batch on the CPU (settings given on the command line are kept)")
+        small_model = cfg["init_from"] in ("scratch", "resume") and not set(MODEL) & set(given)
+        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training")
+                     + (" a small model" if small_model else "") + " with a small batch on the CPU (settings "
+                     "given on the command line are kept)")
         small.update(CPU_CONFIG)
     cfg = {**cfg, **{k: v for k, v in small.items() if k not in given}}
-    if small and "B" not in given:  # the largest B <= the fallback's that keeps the batch whole
-        fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
-        cfg["B"] = next((b for b in fits if b <= cfg["B"]), cfg["B"])
+    fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+    if "B" not in given and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
+        b = next((b for b in fits if b <= cfg["B"]), cfg["B"])  # the largest B that keeps the batch whole
+        if not small:
+            notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
+                         f"into whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B "
+                         "to choose)")
+        cfg["B"] = b
     return cfg, notes
 
 
@@ -259,13 +266,18 @@ def validate(cfg, rt):
                 "checkpoint_interval", "keep_checkpoints"):
         if cfg[key] < 1:
             raise UserError(f"--{key}={cfg[key]} must be at least 1")
-    if cfg["T"] > cfg["block_size"]:
+    if cfg["T"] > cfg["block_size"] and cfg["init_from"] in ("scratch", "resume"):  # weights: their own
         raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
-    tokens_per_micro_step = cfg["B"] * cfg["T"] * rt.world_size
-    if cfg["total_batch_size"] % tokens_per_micro_step:
-        raise UserError(f"total_batch_size={cfg['total_batch_size']} is not a multiple of B*T*world_size = "
-                        f"{cfg['B']}*{cfg['T']}*{rt.world_size} = {tokens_per_micro_step}: change B, T or "
-                        f"total_batch_size")
+    row = cfg["T"] * rt.world_size  # tokens of one row on every process
+    if cfg["total_batch_size"] % row:
+        raise UserError(f"total_batch_size={cfg['total_batch_size']:,} is not a multiple of T*world_size = "
+                        f"{cfg['T']}*{rt.world_size} = {row:,}: use a multiple of it, such as "
+                        f"{max(1, round(cfg['total_batch_size'] / row)) * row:,}, or change T")
+    if cfg["total_batch_size"] % (cfg["B"] * row):  # a B given on the command line
+        fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+        raise UserError(f"--B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
+                        f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes: use one of "
+                        f"{', '.join(map(str, fits[:6]))}")
     if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
         return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
                 f"reaches max_lr (lower --warmup_steps)"]
@@ -385,6 +397,23 @@ def role_peaks(s, n_embd):
     width = (768 / n_embd) ** 0.5
     return {"muon": s.muon_lr, "decay": s.max_lr, "no_decay": s.max_lr,
             "embedding": s.embed_lr * width or s.max_lr, "head": s.head_lr * width or s.max_lr}
+
+
+def schedule_change(s, resume):
+    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
+    min_lr_ratio or max_lr changed): what the next step's is on each."""
+    saved = {k: resume.meta["config"].get(k, CONFIG[k])
+             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
+    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
+    if not changed:
+        return None
+    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
+                (dataclasses.replace(s, **changed), s))
+    if math.isclose(was, now, rel_tol=0.01):
+        return None
+    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
+            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
+            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
 
 
 def get_lr(step, peak, s):
@@ -591,6 +620,10 @@ def main(argv):
     s, resume = find_resume(s, given, rt, metrics)  # None, or the run in log_dir to continue
     if resume is not None and resume.finished:
         return 0
+    if resume is None and s.init_from != "scratch":  # the weights decide the shape; T within their positions
+        s = weights_shape(s, given, model_config(s.init_from), s.init_from)
+    if resume is not None and (note := schedule_change(s, resume)):
+        print0(f"NOTE: {note}")
 
     # --------------------------------------------------------------------------------- model, data, optimizer
     torch.manual_seed(s.seed)  # the same initial weights on every rank

@@ -465,7 +465,8 @@ def test_document_file_roots(tmp_path):
     with pytest.raises(UserError, match="a file data_root holds documents .*name a plain-text file .txt"):
         DataLoaderLite(1, 8, data_root=str(tmp_path / "notes.md"))
     with pytest.raises(UserError, match=f"holds documents .*, not token shards: tokenize them once with "
-                                        f"`python fineweb.py --input {tmp_path} --out_dir {tmp_path}_shards`"):
+                                        f"`python fineweb.py --input {tmp_path} --out_dir "
+                                        f"{tmp_path}_shards`"):
         DataLoaderLite(1, 8, data_root=str(tmp_path))
     tokens = tokenize_file(str(text))
     assert tokens[0] == 50256 and np.array_equal(tokens[1:], get_encoding().encode_ordinary(text.read_text()))

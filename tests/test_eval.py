@@ -65,7 +65,8 @@ def plain_val(model, data_root):
 
 def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' shares)
-    equal a plain token-by-token computation over the same rows as one process reads (the next test); HellaSwag and samples run; nothing is trained or saved. The
+    equal a plain token-by-token computation over the same rows as one process reads (the next test);
+    HellaSwag and samples run; nothing is trained or saved. The
     first record says what ran the run."""
     d, model, data = setup
     log = tmp_path / "log"
@@ -120,7 +121,8 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     assert train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'model_000007.pt'}", "--B=1",
                                    f"--log_dir={log}"]) == 0
     (val1,) = [rec for rec in records(log) if "val_loss" in rec]
-    assert math.isclose(val1["val_loss"], loss, rel_tol=1e-5) and math.isclose(val1["val_bpb"], bpb, rel_tol=1e-5)
+    assert math.isclose(val1["val_loss"], loss, rel_tol=1e-5)
+    assert math.isclose(val1["val_bpb"], bpb, rel_tol=1e-5)
     with pytest.raises(UserError, match="--eval_only=True evaluates given weights: set --init_from"):
         train_gpt2.main(args + ["--eval_only=True", f"--log_dir={tmp_path / 'x'}"])
     (tmp_path / "train").mkdir()

@@ -1,4 +1,5 @@
 """train_gpt2.py through its real entry points (python and torchrun, gloo) on tiny CPU configurations."""
+import dataclasses
 import glob
 import math
 import os
@@ -369,7 +370,12 @@ def test_overrides_are_checked():
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--total_batch_size=1000"], r"total_batch_size=1000 is not a multiple of B\*T\*world_size = 4\*32\*1"),
+    (["--total_batch_size=1000"],
+     r"total_batch_size=1,000 is not a multiple of T\*world_size = 32\*1 = 32: use a multiple of it, such "
+     "as 992"),
+    (["--total_batch_size=96"],
+     "--B=4 does not divide total_batch_size=96 into whole micro-steps of 32 tokens x 1 processes: use one "
+     "of 3, 1"),
     (["--T=2048"], "T=2048 exceeds block_size=1024"),
     (["--data_root=nowhere"], "data_root nowhere does not exist"),
     (["--device=tpu"], "--device='tpu': use auto, cuda, mps or cpu"),
@@ -512,8 +518,8 @@ def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
     args = TINY + [f"--data_root={text}", "--max_steps=1", "--eval_interval=1"]
     assert DataLoaderLite(4, 32, 0, 1, "val", text).rows_total == 55
     train_gpt2.main(args + ["--val_tokens=100000", f"--log_dir={tmp_path / 'many'}"])
-    assert ("NOTE: val_tokens=100,000 but the validation split holds 55 rows of 32 tokens: evaluating on those, "
-            "once each") in capsys.readouterr().out
+    assert ("NOTE: val_tokens=100,000 but the validation split holds 55 rows of 32 tokens: evaluating on "
+            "those, once each") in capsys.readouterr().out
     train_gpt2.main(args + [f"--val_tokens={55 * 32}", f"--log_dir={tmp_path / 'once'}"])
     assert "NOTE: val_tokens" not in capsys.readouterr().out
     many, once = ([r for r in records(tmp_path / name) if "val_loss" in r] for name in ("many", "once"))
@@ -565,3 +571,55 @@ def test_compile_is_not_used_on_an_apple_gpu(text):
     assert s.compile is False
     assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
     assert not any("C++ compiler" in note for note in notes)
+
+
+def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, reference):
+    """--init_from=<weights> without shape settings: the run is the weights' model, and its config line and
+    start record say so (not the CPU fallback's 4 layers x 64); the CPU NOTE promises no small model. A shape
+    setting that differs from the weights, or a T beyond their positions, is refused in one line before
+    anything is built."""
+    from model import GPT, GPTConfig
+    *_, weights = checkpoints(reference[2])  # 2 layers x 32 wide, 1024 positions
+    args = ["--device=cpu", f"--data_root={text}", f"--init_from={weights}", "--max_steps=1", "--hellaswag=0",
+            "--B=4", "--T=32", "--total_batch_size=128", "--val_tokens=256"]
+    assert train_gpt2.main(args + [f"--log_dir={tmp_path / 'ft'}"]) == 0
+    out = capsys.readouterr().out
+    start = records(tmp_path / "ft")[0]
+    assert start["config"]["n_layer"] == start["model_config"]["n_layer"] == 2
+    assert start["config"]["n_embd"] == start["model_config"]["n_embd"] == 32
+    assert '"n_layer": 2' in out and "NOTE: no CUDA device: training with a small batch on the CPU" in out
+    with pytest.raises(UserError, match=f"--n_layer=3, but {weights} has n_layer=2: the weights decide"):
+        train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
+    torch.manual_seed(0)
+    hf = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16))
+    hf.save_pretrained(tmp_path / "hf")
+    with pytest.raises(UserError, match=f"T=128, but {tmp_path / 'hf'} has 64 positions \\(block_size\\): "
+                                        "use --T=64 or less"):
+        train_gpt2.main(args[:-3] + ["--T=128", "--total_batch_size=512", f"--init_from={tmp_path / 'hf'}",
+                                     f"--log_dir={tmp_path / 'x'}"])
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_extending_a_finished_run_says_where_the_learning_rate_goes(tmp_path, capsys, text, reference):
+    """max_steps 8 -> 12 on a finished run: the cosine is stretched, so the learning rate jumps back up; a
+    NOTE says from what to what (before, only "max_steps changed")."""
+    log = tmp_path / "log"
+    shutil.copytree(reference[2], log)
+    assert train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=12", "--eval_interval=12"]) == 0
+    s = dataclasses.replace(train_gpt2.Settings(), max_lr=3e-3, warmup_steps=2)  # run_args' schedule
+    was = train_gpt2.get_lr(8, 3e-3, dataclasses.replace(s, max_steps=8))
+    now = train_gpt2.get_lr(8, 3e-3, dataclasses.replace(s, max_steps=12))
+    assert (f"NOTE: the learning rate of step 9 is {now:.2e} on the new schedule, {was:.2e} on the run's "
+            f"(max_steps 8 -> 12): it jumps up, then decays to the new end") in capsys.readouterr().out
+    assert max(losses(log)) == 12
+
+
+def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
+    """total_batch_size that the settings block's B does not divide: B is lowered to the largest that does,
+    with a NOTE naming both (before, an error named a B the user never set)."""
+    from runtime import Runtime
+    cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
+    cfg, notes = train_gpt2.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
+                                            Runtime(kind="cuda"))
+    assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
+                                        "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
