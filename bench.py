@@ -22,7 +22,6 @@ under torchrun (1 process, NCCL) with torch.compile, gradient accumulation, inli
 sampling and a checkpoint finishes without recompiling at every evaluation, with fused AdamW and TF32 matmuls
 on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under pytest.
 """
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -38,7 +37,7 @@ import torch
 import gpu_check
 import runtime
 from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
-from errors import main_guard
+from errors import UserError, check_range, command_line, main_guard
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
 from runtime import autocast, device_name, is_out_of_memory, synchronize
@@ -332,8 +331,7 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--B", type=int, default=None, help="micro-batch (default 16 on CUDA, 4 on CPU)")
     parser.add_argument("--T", type=int, default=None,
@@ -354,18 +352,22 @@ def main():
                         help="--gpu-check: HellaSwag jsonl for the training run "
                         "(default: examples cut from input.txt)")
     args = parser.parse_args()
+    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
+        check_range(f"--{option}", getattr(args, option), low)
     rt = runtime.setup(args.device)
     cuda = rt.kind == "cuda"
     skip = {s for s in args.skip.split(",") if s}
     if skip - {n for n, _ in RUNGS}:
-        parser.error(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
+        raise UserError(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
     if len(skip) == len(RUNGS):
-        parser.error("--skip leaves no rung to measure")
+        raise UserError("--skip leaves no rung to measure")
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
     B = args.B or (16 if cuda else 4)
     T = args.T or (1024 if cuda else 64)
-    steps, warmup = args.steps or (20 if cuda else 3), args.warmup or (5 if cuda else 1)
+    check_range("--T", T, 1, size["block_size"])  # the model's positions
+    steps = args.steps or (20 if cuda else 3)
+    warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
     name = device_name(rt.device)
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "

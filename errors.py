@@ -3,6 +3,8 @@ too old for a setting. Its message is the whole line a user sees, naming what is
 entry points (train_gpt2.py, sample.py, hellaswag.py, fineweb.py, plot.py, bench.py) print it and exit 1.
 Anything else is a bug and keeps its traceback. No torch here: fineweb.py and dataloader.py raise it too.
 """
+import argparse
+import math
 import sys
 
 
@@ -18,7 +20,33 @@ def main_guard(main):
         sys.exit(f"error: {e}")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose mistakes (an unknown option, a value of the wrong type) are a UserError: one
+    line, as every other expected mistake, not usage text and exit status 2."""
+
+    def error(self, message):
+        raise UserError(f"{message} (python {self.prog} --help lists the options)")
+
+
+def command_line(doc):
+    """The command-line parser of an entry point, its --help opening with the module's docstring `doc`."""
+    return Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def first_line(e):
     """The first line of an exception's message (its type if it has none): the reason a UserError quotes
     from the library error underneath."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def check_range(option, value, low=None, high=None, above=None):
+    """A UserError naming the option and its valid range unless low <= value <= high and value > above (each
+    bound optional) and value is a finite number: a negative learning rate, nan, an empty batch."""
+    if value is None:  # not given: the entry point's default
+        return
+    if (math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
+            and (above is None or value > above)):
+        return
+    valid = (f"between {low} and {high}" if low is not None and high is not None else f"at least {low}"
+             if low is not None else f"above {above}" if above is not None else f"at most {high}")
+    raise UserError(f"{option}={value} must be {valid}")

@@ -19,7 +19,6 @@ dataset kjj0/finewebedu10B-gpt2, already tokenized with GPT-2's BPE in llm.c's s
 reads), 100M tokens a shard. It is another snapshot than tokenizing sample-10BT yourself, with another
 validation shard: compare runs on the same one.
 """
-import argparse
 import collections
 import glob
 import itertools
@@ -34,7 +33,7 @@ import numpy as np
 
 from dataloader import (DOCUMENT_FILES, field, iter_file, read_header, shard_path, split_point, text_of,
                         to_uint16, write_shard)
-from errors import UserError, first_line, main_guard
+from errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
@@ -219,8 +218,8 @@ def refuse_mixing(out_dir, prefix):
 
 
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
-    if shard_size < 1:
-        raise UserError(f"--shard_size={shard_size} must be positive")
+    check_range("--shard_size", shard_size, 1)
+    check_range("--workers", workers, 1)
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     fingerprints = (zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF,
@@ -357,9 +356,8 @@ def place(src, dst):
     os.replace(tmp, dst)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli():
+    parser = command_line(__doc__)
     parser.add_argument("--input", default=None,
                         help="local .jsonl/.parquet/.txt file, a folder of them, or a datasets.save_to_disk "
                         f"folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
@@ -375,7 +373,12 @@ if __name__ == "__main__":
                         help="--pretokenized: how many train shards of 100M tokens (default: all)")
     args = parser.parse_args()
     if args.pretokenized and args.input:
-        parser.error("--pretokenized downloads tokens, --input tokenizes local files: choose one")
-    # expected mistakes (a missing or bad input, an unusable out_dir, no network) end in one line
-    main_guard(lambda: download(args.out_dir, args.shards) if args.pretokenized else
-               main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers))
+        raise UserError("--pretokenized downloads tokens, --input tokenizes local files: choose one")
+    if args.pretokenized:
+        download(args.out_dir, args.shards)
+    else:
+        main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
+
+
+if __name__ == "__main__":
+    main_guard(cli)  # expected mistakes (a missing or bad input, an unusable out_dir, no network): one line

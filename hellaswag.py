@@ -9,7 +9,6 @@ tokens = GPT-2 tokens of `ctx`, each ending = tokens of " " + ending; an ending'
 of its tokens given the context, summed (acc) or averaged over its tokens (acc_norm); the lowest loss wins.
 evaluate() is the one implementation, used by this script and by train_gpt2.py.
 """
-import argparse
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ from tqdm import tqdm
 
 import runtime
 from dataloader import iter_jsonl
-from errors import UserError, first_line
+from errors import UserError, check_range, command_line, first_line
 from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
@@ -47,19 +46,20 @@ def normalize(example, where):
     return {"ctx": ctx, "endings": endings, "label": label}
 
 
-def download(cache_dir):
+def download(cache_dir, option="--data"):
     """The validation split as jsonl in cache_dir, downloaded once. Every process may call this at the same
     time (all DDP ranks do): an exclusive file lock lets the first download while the others wait, then
-    they all read the finished file. The file is written under a temporary name and renamed when complete."""
+    they all read the finished file. The file is written under a temporary name and renamed when complete.
+    option: the setting that takes a local copy instead, for messages."""
     try:
         from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
     except ImportError:
         raise UserError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
-                        "pass a local copy of hellaswag_val.jsonl with --data") from None
+                        f"pass a local copy of hellaswag_val.jsonl with {option}") from None
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
         raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass "
-                        "a local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data")
+                        f"a local copy of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with {option}")
     os.makedirs(cache_dir, exist_ok=True)
     with FileLock(path + ".lock"):  # released on exit, also if this process dies
         if not os.path.exists(path):
@@ -69,7 +69,7 @@ def download(cache_dir):
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
                 raise UserError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
-                                "of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with --data") from None
+                                f"of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with {option}") from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
                     f.write(json.dumps(normalize(row, f"Rowan/hellaswag validation row {i}")) + "\n")
@@ -77,11 +77,12 @@ def download(cache_dir):
     return path
 
 
-def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
+def load_examples(path=None, limit=None, cache_dir=CACHE_DIR, option="--data"):
     """HellaSwag validation examples from a .jsonl file or a datasets.save_to_disk folder (offline), or,
-    with path None, downloaded into cache_dir once. limit keeps the first N."""
+    with path None, downloaded into cache_dir once. limit keeps the first N. option: the setting that gives
+    path, for messages."""
     if path is None:
-        path = download(cache_dir)
+        path = download(cache_dir, option)
     if os.path.isdir(path):
         from datasets import DatasetDict, load_from_disk
         ds = load_from_disk(path)
@@ -92,7 +93,7 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR):
         examples = [normalize(row, where) for where, row in iter_jsonl(path)]
     else:
         raise UserError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
-                        "folder, or leave --data out to download it")
+                        f"folder, or leave {option} out to download it")
     examples = examples[:limit] if limit is not None else examples
     if not examples:
         raise UserError(f"no HellaSwag examples selected from {path} (limit={limit})")
@@ -227,8 +228,7 @@ def evaluate_unbatched(model, examples, rt, progress=False):
 # ------------------------------------------------------------------------------------------------ CLI
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__)
     parser.add_argument("--model", default="gpt2", help="gpt2[-medium|-large|-xl], an HF GPT-2 folder, or a "
                         "train_gpt2.py checkpoint (.pt)")
     parser.add_argument("--data", default=None, help="hellaswag_val.jsonl or a save_to_disk folder "
@@ -241,13 +241,13 @@ def main():
     parser.add_argument("--unbatched", action="store_true",
                         help="one example per forward: the slow reference")
     args = parser.parse_args()
-    if args.batch_size is not None and args.batch_size < 1:
-        parser.error(f"--batch_size={args.batch_size} must be >= 1")
+    check_range("--limit", args.limit, 1)
+    check_range("--batch_size", args.batch_size, 1)
 
     from checkpoint import load_model
     rt = runtime.setup(args.device)  # under torchrun: its process group, each rank a GPU of its own
     if args.unbatched and rt.distributed:
-        parser.error("--unbatched runs in one process")
+        raise UserError("--unbatched runs in one process: drop torchrun, or --unbatched")
     examples = load_examples(args.data, args.limit)
     model = load_model(args.model).to(rt.device).eval()
     t0 = time.time()

@@ -9,11 +9,10 @@ A baseline is any train_gpt2.py log: an --eval_only=True run is drawn as level l
 training run as dashed curves. Works on a resumed run (the log is appended; a step done twice keeps its last
 values) and on a run still writing its log (a half-written last line is skipped).
 """
-import argparse
 import json
 import os
 
-from errors import UserError, main_guard
+from errors import UserError, command_line, main_guard
 
 GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper); all 10,042 examples
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
@@ -117,8 +116,7 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__)
     parser.add_argument("--log", default="log/metrics.jsonl", help="train_gpt2.py's metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
     parser.add_argument("--logy", action="store_true", help="log-scale loss axis")

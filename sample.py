@@ -7,14 +7,13 @@
 
 sample() is the one sampling function: train_gpt2.py draws its evaluation samples with it.
 """
-import argparse
 import time
 
 import torch
 
 import runtime
 from checkpoint import checkpoints, load_model
-from errors import main_guard
+from errors import UserError, check_range, command_line, main_guard
 from runtime import autocast, synchronize
 from tokenizer import get_encoding
 
@@ -36,8 +35,7 @@ def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed,
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line(__doc__)
     parser.add_argument("--model", default=None,
                         help="a train_gpt2.py checkpoint (.pt), an HF GPT-2 folder, or "
                         "gpt2[-medium|-large|-xl] (default: the newest checkpoint in log/, else gpt2)")
@@ -50,15 +48,16 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     args = parser.parse_args()
-    if args.num_samples < 1 or args.max_new_tokens < 1:
-        parser.error("--num_samples and --max_new_tokens must be >= 1")
+    for option, bounds in (("num_samples", (1,)), ("max_new_tokens", (1,)), ("temperature", (None, None, 0)),
+                           ("top_k", (0,)), ("seed", (0,))):
+        check_range(f"--{option}", getattr(args, option), *bounds)
     prompt = args.prompt
     if prompt.startswith("FILE:"):
         try:
             with open(prompt[5:], encoding="utf-8") as f:
                 prompt = f.read()
         except FileNotFoundError:
-            parser.error(f"prompt file {prompt[5:]} does not exist")
+            raise UserError(f"prompt file {prompt[5:]} does not exist") from None
     if args.model is None:  # what a user who just trained wants to see
         args.model = (checkpoints("log") or ["gpt2"])[-1]
         print(f"sample: {args.model} (--model picks another)")

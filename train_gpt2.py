@@ -28,14 +28,15 @@ import runtime
 from accounting import mfu, peak_flops, training_memory
 from checkpoint import MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, weights_shape
 from dataloader import DataLoaderLite, make_shards
-from errors import UserError
+from errors import UserError, check_range
 from hellaswag import evaluate as hellaswag_eval, load_examples
-from model import GPT, GPT2_SIZES, GPTConfig
+from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import make_optimizers
 from runtime import autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
 
+_IMPORTED = set(globals())  # the names above are not settings
 # ------------------------------------------------------------------------------------------------------------
 # settings: the GPT-2 124M recipe (edit here, or override any name on the command line as --name=value)
 data_root = "edu_fineweb10B"  # token shards from fineweb.py, or a .txt/.jsonl/.parquet file such as input.txt
@@ -89,7 +90,7 @@ log_dir = "log"  # metrics.jsonl and checkpoints; a rerun into it resumes (one r
 seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items()
-          if not k.startswith("_") and type(v) in (int, float, str, bool)}
+          if k not in _IMPORTED and not k.startswith("_") and type(v) in (int, float, str, bool)}
 # the run's settings, resolved once by resolve() and read-only after: s.B, s.max_lr, ...
 Settings = dataclasses.make_dataclass("Settings", [(k, type(v), v) for k, v in CONFIG.items()], frozen=True)
 
@@ -110,6 +111,14 @@ CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores 
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samples 4 x 24 more
+# the valid values of every numeric setting, as check_range's (low, high, above) bounds
+RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
+                                          "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
+                                          "checkpoint_interval", "keep_checkpoints")},
+          **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
+                                          "seed")},
+          **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
+          "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -262,10 +271,8 @@ def validate(cfg, rt):
     if not os.path.exists(cfg["data_root"]):
         raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
                         "point --data_root at a .txt, .jsonl or .parquet file")
-    for key in ("B", "T", "total_batch_size", "max_steps", "eval_interval", "val_tokens",
-                "checkpoint_interval", "keep_checkpoints"):
-        if cfg[key] < 1:
-            raise UserError(f"--{key}={cfg[key]} must be at least 1")
+    for key, bounds in RANGES.items():
+        check_range(f"--{key}", cfg[key], *bounds)
     if cfg["T"] > cfg["block_size"] and cfg["init_from"] in ("scratch", "resume"):  # weights: their own
         raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
     row = cfg["T"] * rt.world_size  # tokens of one row on every process
@@ -351,7 +358,8 @@ def load_data(s, rt):
     args = (s.B, s.T, rt.rank, rt.world_size)
     train = DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
     val = DataLoaderLite(*args, "val", s.data_root)
-    examples = load_examples(s.hellaswag_data or None, s.hellaswag) if s.hellaswag > 0 else None
+    examples = (load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data")
+                if s.hellaswag > 0 else None)
     return train, val, examples
 
 

@@ -104,3 +104,60 @@ def test_what_runs_leave_is_ignored_by_git():
     r = subprocess.run(["git", "check-ignore", "--no-index", *left, *ours], cwd=ROOT, capture_output=True,
                        text=True)
     assert sorted(r.stdout.split("\n")[:-1]) == sorted(left), r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+def test_every_numeric_setting_has_a_range():
+    import train_gpt2
+    numeric = {k for k, v in train_gpt2.CONFIG.items() if type(v) in (int, float)}
+    assert set(train_gpt2.RANGES) == numeric
+
+
+@pytest.mark.parametrize("arg, said", [
+    ("--max_lr=-0.001", "--max_lr=-0.001 must be above 0"),  # before: a traceback at the first step
+    ("--weight_decay=-0.1", "--weight_decay=-0.1 must be at least 0"),  # before: it trained
+    ("--hellaswag=-5", "--hellaswag=-5 must be at least 0"),  # before: silently skipped
+    ("--min_lr_ratio=2", "--min_lr_ratio=2.0 must be between 0 and 1"),
+    ("--max_lr=nan", "--max_lr=nan must be above 0"),
+    ("--grad_clip=0", "--grad_clip=0.0 must be above 0"),
+    ("--vocab_size=1000", "--vocab_size=1000 must be at least 50257"),
+    ("--seed=-1", "--seed=-1 must be at least 0"),
+])
+def test_train_refuses_numbers_out_of_range(tmp_path, arg, said):
+    import train_gpt2
+    from errors import UserError
+    with pytest.raises(UserError) as e:
+        train_gpt2.main(["--device=cpu", f"--log_dir={tmp_path / 'log'}", arg])
+    assert str(e.value) == said
+    assert not os.path.exists(tmp_path / "log")
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    ("sample", ["--temperature=0"], "--temperature=0.0 must be above 0"),
+    ("sample", ["--top_k=-1"], "--top_k=-1 must be at least 0"),
+    ("sample", ["--num_samples=0"], "--num_samples=0 must be at least 1"),
+    ("hellaswag", ["--limit=0"], "--limit=0 must be at least 1"),
+    ("hellaswag", ["--batch_size=-2"], "--batch_size=-2 must be at least 1"),
+    ("bench", ["--device=cpu", "--steps=0"], "--steps=0 must be at least 1"),
+    ("bench", ["--device=cpu", "--T=4096"], "--T=4096 must be between 1 and 256"),
+    ("fineweb", ["--input=x.txt", "--workers=0"], "--workers=0 must be at least 1"),
+    ("fineweb", ["--input=x.txt", "--shard_size=-5"], "--shard_size=-5 must be at least 1"),
+])
+def test_entry_points_refuse_numbers_out_of_range(monkeypatch, module, argv, said):
+    """Each entry point's numeric options are checked at start, before any model or data is read."""
+    import importlib
+    from errors import UserError
+    main = getattr(importlib.import_module(module), "cli" if module == "fineweb" else "main")
+    monkeypatch.setattr(sys, "argv", [f"{module}.py", *argv])
+    with pytest.raises(UserError) as e:
+        main()
+    assert str(e.value) == said
+
+
+def test_a_mistyped_option_is_one_line():
+    """argparse's own mistakes (a value of the wrong type, an unknown option) are one line too, not usage
+    text."""
+    from conftest import assert_one_line_error, script
+    assert_one_line_error(script("fineweb.py", "--workers=two"),
+                          "argument --workers: invalid int value: 'two' (python fineweb.py --help lists")

@@ -233,3 +233,17 @@ def test_offline_download_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch
                                         "of hellaswag_val.jsonl .* with --data"):
         hellaswag.load_examples(cache_dir=str(tmp_path / "hs"))
     assert not os.path.exists(tmp_path / "hs")
+
+
+def test_offline_hellaswag_in_training_names_its_setting(tmp_path, monkeypatch, text):
+    """train_gpt2.py with HellaSwag on and the Hub unreachable: the line names --hellaswag_data, the setting
+    that takes a local copy there (before: hellaswag.py's --data)."""
+    import train_gpt2
+    from conftest import TINY
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.chdir(tmp_path)  # hellaswag_data/ would be made here
+    with pytest.raises(UserError, match=r"offline, pass a local copy of hellaswag_val.jsonl \(github.com/rowanz/"
+                                        r"hellaswag\) with --hellaswag_data$"):
+        train_gpt2.main(TINY + [f"--data_root={text}", "--hellaswag=5", f"--log_dir={tmp_path / 'log'}"])
