@@ -1,6 +1,9 @@
 """Checkpoints: written atomically with a checksum inside, verified before use, and the resume of a run from
 them.
 
+    python checkpoint.py log/model_019073.pt               # verify it, and say what it holds
+    python checkpoint.py log/model_019073.pt --hf my-gpt2  # and write it for transformers, tokenizer included
+
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
 "world_size", "dataloader", "scaler", "rng", "checksum"}; sample.py and hellaswag.py read the same file
 (load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
@@ -18,7 +21,7 @@ import time
 import torch
 
 from model import GPT, GPTConfig, pretrained_config
-from errors import UserError, first_line
+from errors import UserError, command_line, first_line, main_guard
 from runtime import broadcast_object, print0
 
 
@@ -371,3 +374,29 @@ def find_resume(s, given, rt, metrics_path):
             print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
                    f"interrupted attempt's, redone now)")
     return s, Resume(meta, ckpt)
+
+
+# --------------------------------------------------------------------------------------------- command line
+
+def main():
+    parser = command_line(__doc__)
+    parser.add_argument("checkpoint", help="a train_gpt2.py checkpoint (model_*.pt)")
+    parser.add_argument("--hf", default=None, metavar="DIR",
+                        help="write it to DIR in Hugging Face GPT-2 format (config.json, model.safetensors) "
+                        "with GPT-2's tokenizer files: GPT2LMHeadModel, AutoTokenizer and pipeline load it "
+                        "offline")
+    args = parser.parse_args()
+    ckpt = load_checkpoint(args.checkpoint)
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    print(f"{args.checkpoint}: verified (its checksum matches); step {ckpt.get('step', '?')}, "
+          f"{model.num_params():,} parameters, {model.config}")
+    if args.hf:
+        if os.path.isfile(args.hf):
+            raise UserError(f"--hf {args.hf} is a file: give a folder")
+        model.save_pretrained(args.hf)
+        print(f"wrote {args.hf}: {', '.join(sorted(os.listdir(args.hf)))}")
+
+
+if __name__ == "__main__":
+    main_guard(main)

@@ -1,7 +1,8 @@
 """The one exception type for expected mistakes: a bad setting, a missing or damaged file, no network, a torch
 too old for a setting. Its message is the whole line a user sees, naming what is wrong and the fix; only the
-entry points (train_gpt2.py, sample.py, hellaswag.py, fineweb.py, plot.py, bench.py) print it and exit 1.
-Anything else is a bug and keeps its traceback. No torch here: fineweb.py and dataloader.py raise it too.
+entry points (train_gpt2.py, sample.py, hellaswag.py, fineweb.py, checkpoint.py, plot.py, bench.py) print it
+and exit 1. Anything else is a bug and keeps its traceback. No torch here: fineweb.py and dataloader.py raise
+it too.
 """
 import argparse
 import math

@@ -69,7 +69,8 @@ def download(cache_dir, option="--data"):
                 ds = load_dataset("Rowan/hellaswag", split="validation")
             except Exception as e:  # offline, no datasets package, Hub outage: the same way out
                 raise UserError(f"could not download HellaSwag ({first_line(e)}); offline, pass a local copy "
-                                f"of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with {option}") from None
+                                f"of hellaswag_val.jsonl (github.com/rowanz/hellaswag) with {option}") \
+                    from None
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 for i, row in enumerate(ds):
                     f.write(json.dumps(normalize(row, f"Rowan/hellaswag validation row {i}")) + "\n")

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from errors import UserError, first_line
 from runtime import hub_online
+from tokenizer import hf_tokenizer_files
 
 # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
 GPT2_VOCAB = 50257
@@ -425,9 +426,10 @@ class GPT(nn.Module):
         return model
 
     def save_pretrained(self, out_dir):
-        """Write out_dir in HF GPT-2 format (config.json + model.safetensors): GPT.from_pretrained(out_dir)
-        and transformers' GPT2LMHeadModel.from_pretrained(out_dir) give the same logits. The padded vocab rows
-        beyond 50257 are dropped; lm_head is tied to wte, so it is stored once."""
+        """Write out_dir in HF GPT-2 format (config.json + model.safetensors) with GPT-2's tokenizer files:
+        GPT.from_pretrained(out_dir) and transformers' GPT2LMHeadModel.from_pretrained(out_dir) give the same
+        logits, and its AutoTokenizer the same tokens as ours. The padded vocab rows beyond 50257 are dropped;
+        lm_head is tied to wte, so it is stored once."""
         from safetensors.torch import save_file
         c = self.config
         if c.n_kv_head != c.n_head:
@@ -453,8 +455,10 @@ class GPT(nn.Module):
         save_file({k: v.detach().float().contiguous().cpu() for k, v in sd.items()}, path + ".tmp",
                   metadata={"format": "pt"})
         os.replace(path + ".tmp", path)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+        files = {**hf_tokenizer_files(c.block_size), "config.json": json.dumps(config, indent=2)}
+        for name, text in files.items():
+            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+                f.write(text)
 
 
 def pretrained_config(name_or_dir):

@@ -60,3 +60,52 @@ def token_bytes(enc, vocab_size):
     special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
     lengths = [0 if t in special else len(enc.decode_single_token_bytes(t)) for t in range(enc.n_vocab)]
     return tuple(lengths) + (0,) * (vocab_size - enc.n_vocab)
+
+
+# ------------------------------------------------------------------------------------------------ HF files
+
+def byte_chars():
+    """GPT-2's printable stand-in for each byte (its encoder.py's bytes_to_unicode), in which vocab.json and
+    merges.txt spell token bytes: printable Latin-1 bytes stand for themselves, the other bytes (controls,
+    space) for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def merge_of(token, ranks):
+    """The two tokens whose merge makes `token`: byte-pair encoding of its bytes with only the merges ranked
+    before it, which stops at two parts."""
+    parts, rank = [bytes([b]) for b in token], ranks[token]
+    while len(parts) > 2:
+        pairs = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+        _, i = min(pairs)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+@functools.lru_cache(maxsize=None)  # ~2 s: once per process
+def vocab_and_merges():
+    """GPT-2's vocab.json and merges.txt for transformers, made from the vendored ranks."""
+    import json
+    ranks, chars = get_encoding()._mergeable_ranks, byte_chars()
+    spell = lambda token: "".join(chars[b] for b in token)  # noqa: E731
+    vocab = {**{spell(token): rank for token, rank in ranks.items()}, "<|endoftext|>": EOT}
+    merges = [" ".join(map(spell, merge_of(token, ranks))) for token in sorted(ranks, key=ranks.get)
+              if len(token) > 1]
+    return json.dumps(vocab, ensure_ascii=False), "#version: 0.2\n" + "\n".join(merges) + "\n"
+
+
+def hf_tokenizer_files(max_length):
+    """{file name: text}: GPT-2's tokenizer for transformers, so that AutoTokenizer on the folder, offline,
+    encodes text as get_encoding().encode_ordinary does. max_length: the model's positions."""
+    import json
+    vocab, merges = vocab_and_merges()
+    special = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+    # split_special_tokens: "<|endoftext|>" inside a text is text, as encode_ordinary has it (the separator
+    # between documents is the id, added by who joins them)
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False,
+              "split_special_tokens": True}
+    return {"vocab.json": vocab, "merges.txt": merges,
+            "special_tokens_map.json": json.dumps(special, indent=2), "tokenizer_config.json": json.dumps({**config, **special}, indent=2)}

@@ -244,6 +244,6 @@ def test_offline_hellaswag_in_training_names_its_setting(tmp_path, monkeypatch, 
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
     monkeypatch.chdir(tmp_path)  # hellaswag_data/ would be made here
-    with pytest.raises(UserError, match=r"offline, pass a local copy of hellaswag_val.jsonl \(github.com/rowanz/"
-                                        r"hellaswag\) with --hellaswag_data$"):
+    with pytest.raises(UserError, match=r"offline, pass a local copy of hellaswag_val.jsonl "
+                                        r"\(github.com/rowanz/hellaswag\) with --hellaswag_data$"):
         train_gpt2.main(TINY + [f"--data_root={text}", "--hellaswag=5", f"--log_dir={tmp_path / 'log'}"])
