@@ -108,4 +108,5 @@ def hf_tokenizer_files(max_length):
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False,
               "split_special_tokens": True}
     return {"vocab.json": vocab, "merges.txt": merges,
-            "special_tokens_map.json": json.dumps(special, indent=2), "tokenizer_config.json": json.dumps({**config, **special}, indent=2)}
+            "special_tokens_map.json": json.dumps(special, indent=2),
+            "tokenizer_config.json": json.dumps({**config, **special}, indent=2)}

@@ -13,7 +13,7 @@ import fineweb
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
                         tokenize_file, write_shard)
 from errors import UserError
-from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses
+from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from tokenizer import get_encoding
 
 
@@ -230,8 +230,13 @@ def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
     assert r.returncode == 0 and "all 2 shards" in r.stdout, r.stdout + r.stderr
     assert {p: open(p, "rb").read() for p in shards_of(out)} == before
     import train_gpt2
-    assert train_gpt2.main(TINY + [f"--data_root={out}", "--max_steps=1", f"--log_dir={tmp_path / 'log'}"]) \
-        == 0
+    for root, log in ((out, "log_shards"), (src, "log_file")):  # the shards, or the .jsonl itself
+        assert train_gpt2.main(TINY + [f"--data_root={root}", "--max_steps=2",
+                                       f"--log_dir={tmp_path / log}"]) == 0
+    shards, file = ([(r["step"], r.get("loss"), r.get("val_loss"), r.get("val_bpb"))
+                     for r in records(tmp_path / log) if "loss" in r or "val_loss" in r]
+                    for log in ("log_shards", "log_file"))
+    assert shards == file and file[-1][2] is not None  # the same tokens: the same losses, the same validation
 
 
 def test_rerun_with_other_arguments_is_refused(tmp_path):
