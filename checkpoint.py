@@ -299,8 +299,8 @@ class Resume:
     """The run in log_dir to continue. meta: what every rank needs of its newest checkpoint that verifies; the
     weights and optimizer states stay on rank 0 (ckpt) until restore() broadcasts them."""
 
-    def __init__(self, meta, ckpt, finished=False):
-        self.meta, self.ckpt, self.finished = meta, ckpt, finished
+    def __init__(self, meta, ckpt, finished=False, unevaluated=False):
+        self.meta, self.ckpt, self.finished, self.unevaluated = meta, ckpt, finished, unevaluated
         self.step, self.path, self.model_config = meta["step"], meta["path"], meta["model_config"]
 
     def restore(self, model, optimizers, scaler, loader, rt):
@@ -347,6 +347,7 @@ def find_resume(s, given, rt, metrics_path):
             path, ckpt = newest_valid(s.log_dir, print0)
             meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
             meta["roles"] = [g.get("role") for g in ckpt.get("optimizer", {}).get("param_groups", [])]
+            meta["evaluated"] = evaluated(metrics_path, meta["step"])
         except CheckpointError as e:
             meta = {"error": str(e)}
     if rt.distributed:
@@ -361,11 +362,15 @@ def find_resume(s, given, rt, metrics_path):
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, given, meta["model_config"], s.init_from)
     s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
-    if meta["step"] >= s.max_steps:
+    finished = meta["step"] >= s.max_steps
+    # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
+    unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
+    if finished and not unevaluated:
         print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
                f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
         return s, Resume(meta, None, finished=True)
-    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)")
+    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
+           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
     for change in changes:
         print0(f"NOTE: {change}")
     if rt.master:
@@ -373,7 +378,22 @@ def find_resume(s, given, rt, metrics_path):
         if dropped:
             print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
                    f"interrupted attempt's, redone now)")
-    return s, Resume(meta, ckpt)
+    return s, Resume(meta, ckpt, unevaluated=unevaluated)
+
+
+def evaluated(metrics_path, step):
+    """Whether metrics.jsonl holds the validation record of `step`."""
+    if not os.path.exists(metrics_path):
+        return False
+    with open(metrics_path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line
+                continue
+            if record.get("step") == step and "val_loss" in record:
+                return True
+    return False
 
 
 # --------------------------------------------------------------------------------------------- command line

@@ -128,11 +128,11 @@ def device_name(device):
 
 def is_out_of_memory(e):
     """Whether an exception is the GPU running out of memory, also when compiled code wrapped it in
-    another exception (it is then a cause or context of the one raised)."""
+    another exception (it is then a cause or context of the one raised; not one hidden by `from None`)."""
     for _ in range(16):
         if e is None or isinstance(e, torch.OutOfMemoryError):
             return e is not None
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return False
 
 

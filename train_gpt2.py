@@ -71,6 +71,7 @@ grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
 val_tokens = 20 * 524288  # validation tokens per eval: the split's first, whatever B or the number of GPUs
+eval_B = 0  # micro-batch of evaluation (validation rows, HellaSwag's ~B*T tokens a forward); 0: B
 hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
@@ -116,7 +117,7 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
                                           "checkpoint_interval", "keep_checkpoints")},
           **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
-                                          "seed")},
+                                          "seed", "eval_B")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
 
@@ -593,11 +594,11 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
     """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
     eval_model.eval()
     at = os.path.basename(s.init_from) if s.eval_only else f"step {step}"  # eval_only: no steps
-    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_tokens // s.T, s.B, rt)
+    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_tokens // s.T, s.eval_B or s.B, rt)
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        per_forward = max(1, s.B * s.T // 384)  # rows of <= 336 tokens: about a micro-batch
+        per_forward = max(1, (s.eval_B or s.B) * s.T // 384)  # rows of <= 336 tokens: about a micro-batch
         hs = hellaswag_eval(eval_model, examples, rt, per_forward)
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
         log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
@@ -608,6 +609,22 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
         print0(f"sample: {text!r}")
     log(path, {"step": step, "samples": samples})
     eval_model.train()
+
+
+def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, path, checkpoint, save):
+    """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (save()
+    writes it where `checkpoint`, the name of the step's checkpoint, is None). Running out of memory is then a
+    UserError naming eval_B; any other error keeps its traceback after a line naming the checkpoint."""
+    try:
+        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path)
+    except Exception as e:
+        checkpoint = checkpoint or save()
+        if runtime.is_out_of_memory(e):
+            raise UserError(f"out of memory evaluating step {step} at eval_B={s.eval_B or s.B}: the step is in "
+                            f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, which "
+                            f"evaluates step {step} first") from None
+        print0(f"error: evaluating step {step} failed (the traceback follows); the step is in {checkpoint}")
+        raise
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -626,7 +643,7 @@ def main(argv):
     hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
     metrics = os.path.join(s.log_dir, "metrics.jsonl")
     s, resume = find_resume(s, given, rt, metrics)  # None, or the run in log_dir to continue
-    if resume is not None and resume.finished:
+    if resume is not None and resume.finished:  # and evaluated
         return 0
     if resume is None and s.init_from != "scratch":  # the weights decide the shape; T within their positions
         s = weights_shape(s, given, model_config(s.init_from), s.init_from)
@@ -655,6 +672,9 @@ def main(argv):
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
         return 0
+    if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
+        evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
+                         f"{os.path.basename(resume.path)} (step {step})", None)
     # a CPU trains eagerly through ChunkedHeadLoss (no logits: see there); compiled code takes the plain path
     train_step = make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, s.grad_clip,
                                  chunked=rt.kind == "cpu" and not s.compile)
@@ -696,10 +716,13 @@ def main(argv):
                           "tok_s": tok_s, "mfu": util}
                          | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
             last = step == s.max_steps
-            if (step % s.eval_interval == 0 and not stop) or last:  # a stop writes its checkpoint first
-                evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
-            if step % s.checkpoint_interval == 0 or last or stop:
+            saved = step % s.checkpoint_interval == 0 or last or stop
+            if saved:  # before the evaluation: an evaluation that fails loses no training
                 last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader)
+            if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
+                evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
+                                 last_checkpoint if saved else None,
+                                 lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader))
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
                 print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
                        f"resume")
