@@ -620,9 +620,9 @@ def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, p
     except Exception as e:
         checkpoint = checkpoint or save()
         if runtime.is_out_of_memory(e):
-            raise UserError(f"out of memory evaluating step {step} at eval_B={s.eval_B or s.B}: the step is in "
-                            f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, which "
-                            f"evaluates step {step} first") from None
+            raise UserError(f"out of memory evaluating step {step} at eval_B={s.eval_B or s.B}: the step is "
+                            f"in {checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "
+                            f"which evaluates step {step} first") from None
         print0(f"error: evaluating step {step} failed (the traceback follows); the step is in {checkpoint}")
         raise
 

@@ -20,7 +20,8 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     """Validation at step 3 fails with a bug (no checkpoint due there): the step's checkpoint is written, then
     the traceback. The rerun evaluates step 3 first, trains on, writes step 6's checkpoint before evaluating
     it, and that evaluation runs out of memory: one line naming eval_B and the checkpoint. The rerun with a
-    smaller eval_B only evaluates step 6. The losses are the uninterrupted run's, each evaluation logged once."""
+    smaller eval_B only evaluates step 6. The losses are the uninterrupted run's, each evaluation logged
+    once."""
     args = TINY + [f"--data_root={text}", "--max_steps=6", "--eval_interval=3", "--checkpoint_interval=100"]
     assert train_gpt2.main(args + [f"--log_dir={tmp_path / 'whole'}"]) == 0
     log = tmp_path / "log"
@@ -38,8 +39,8 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(train_gpt2, "validation_loss", fails(RuntimeError("a bug in evaluation"), 1))
     with pytest.raises(RuntimeError, match="a bug in evaluation"):
         train_gpt2.main(args + [f"--log_dir={log}"])
-    assert "error: evaluating step 3 failed (the traceback follows); the step is in model_000003.pt (step 3)" \
-        in capsys.readouterr().out
+    said = "error: evaluating step 3 failed (the traceback follows); the step is in model_000003.pt (step 3)"
+    assert said in capsys.readouterr().out
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000003.pt"]
 
     calls.clear()
@@ -48,9 +49,9 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     with pytest.raises(UserError) as e:
         train_gpt2.main(args + [f"--log_dir={log}"])
     assert "evaluating that step first: its evaluation is not in the log" in capsys.readouterr().out
-    assert str(e.value) == ("out of memory evaluating step 6 at eval_B=4: the step is in model_000006.pt (step "
-                            "6); lower --eval_B (or --hellaswag) and rerun the same command, which evaluates "
-                            "step 6 first")
+    assert str(e.value) == ("out of memory evaluating step 6 at eval_B=4: the step is in model_000006.pt "
+                            "(step 6); lower --eval_B (or --hellaswag) and rerun the same command, which "
+                            "evaluates step 6 first")
     assert os.path.basename(checkpoints(log)[-1]) == "model_000006.pt"  # written before the evaluation
 
     monkeypatch.setattr(train_gpt2, "validation_loss", real)
