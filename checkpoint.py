@@ -11,10 +11,12 @@ altered file is detected before any of it is used. Model and optimizer states ar
 by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
 """
 import dataclasses
+import errno
 import glob
 import hashlib
 import json
 import os
+import shutil
 import socket
 import time
 
@@ -59,12 +61,69 @@ def checkpoints(log_dir):
 
 
 def save_checkpoint(state, path):
-    """torch.save state plus its checksum to path, atomically: a crash mid-write leaves no file under path."""
-    with open(path + ".tmp", "wb") as f:
-        torch.save({**state, "checksum": checksum(state)}, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the name says "complete"
-    os.replace(path + ".tmp", path)
+    """torch.save state plus its checksum to path, atomically: a crash mid-write leaves no file under path. A
+    write that fails (a full disk, a folder gone read-only) removes the partial file and is a UserError naming
+    the path, the error and, for a full disk, the room the checkpoint needs."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "checksum": checksum(state)}, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the name says "complete"
+        os.replace(tmp, path)
+    except Exception as e:
+        cause = os_error(e)  # torch's writer reports a failed write as "unexpected pos", the OSError inside
+        if cause is None:
+            raise
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        need = (f"; it needs {size(nbytes(state))}, {size(free_space(path))} are free there"
+                if cause.errno == errno.ENOSPC else "")
+        raise UserError(f"could not write checkpoint {path} ({cause.strerror}{need}); the earlier "
+                        "checkpoints are untouched: make room there (or make it writable) and rerun the same "
+                        "command, which resumes from the newest one") from None
+
+
+def os_error(e):
+    """The OSError an exception is or was raised from, if any."""
+    for _ in range(16):
+        if e is None or isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def nbytes(obj):
+    """The bytes of the tensors in a nested dict / list: about a checkpoint's size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
+def space_note(log_dir, n_params):
+    """A NOTE when the disk of log_dir holds less than two checkpoints (weights and AdamW's two moments,
+    fp32): one that does not fit stops the run, but better known at the start."""
+    need, free = 12 * n_params, free_space(log_dir)
+    if free >= 2 * need:
+        return []
+    return [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints of about {size(need)}: "
+            "make room, or choose another --log_dir"]
+
+
+def size(n):
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def free_space(path):
+    """Free bytes on the disk that holds path (or, while it does not exist, its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
 
 
 def load_checkpoint(path):
@@ -189,20 +248,28 @@ def load_state(model, optimizers, ckpt, distributed):
 def save_run(s, rt, step, model, optimizers, scaler, loader):
     """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP
     all ranks gather) and delete all but the newest keep_checkpoints of settings s. Returns its name for
-    messages."""
+    messages. A write that fails is a UserError on every rank."""
     model_state, optimizer_state = gather_state(model, optimizers)
-    name = f"model_{step:06d}.pt"
+    name, error = f"model_{step:06d}.pt", None
     if rt.master:  # the loader's position is the same on every rank
         path = os.path.join(s.log_dir, name)
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
-        save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
-                         "optimizer": optimizer_state, "step": step, "config": dataclasses.asdict(s),
-                         "world_size": rt.world_size, "dataloader": loader.state_dict(),
-                         "scaler": scaler.state_dict(),
-                         "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
-        for old in checkpoints(s.log_dir)[:-s.keep_checkpoints]:
-            os.remove(old)
-        print0(f"checkpoint: {path}")
+        try:
+            save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
+                             "optimizer": optimizer_state, "step": step, "config": dataclasses.asdict(s),
+                             "world_size": rt.world_size, "dataloader": loader.state_dict(),
+                             "scaler": scaler.state_dict(),
+                             "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
+        except UserError as e:  # a failed write: every rank stops with its line
+            error = str(e)
+        else:
+            for old in checkpoints(s.log_dir)[:-s.keep_checkpoints]:
+                os.remove(old)
+            print0(f"checkpoint: {path}")
+    if rt.distributed:  # the other ranks wait here for the write
+        error = broadcast_object(error)
+    if error:
+        raise UserError(error)
     return f"{name} (step {step})"
 
 
@@ -214,30 +281,50 @@ HELD = {}  # log_dir -> its lock, held until this process ends (the OS releases 
 def hold_log_dir(log_dir, rt, create=False):
     """Rank 0 locks log_dir for this run: a second run into it would resume from the first's live checkpoint
     and both would write one log; it is refused in one line naming the first. Called before the resume (if
-    log_dir exists) and again when the run creates log_dir (create=True), so a refused run leaves no empty
-    log_dir behind and two runs starting together into a new one still meet. Every rank must call it."""
-    other = None
-    if rt.master and log_dir not in HELD and (create or os.path.isdir(log_dir)):
-        from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
-        os.makedirs(log_dir, exist_ok=True)
-        lock, owner = FileLock(os.path.join(log_dir, ".lock")), os.path.join(log_dir, ".owner")
-        try:
-            lock.acquire(timeout=0)
-            HELD[log_dir] = lock
-            with open(owner, "w") as f:
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
-        except Timeout:
-            try:
-                with open(owner) as f:
-                    other = f.read().strip()
-            except OSError:
-                pass
-            other = other or "another process"
+    log_dir exists; if not, its parent must be writable) and again when the run creates log_dir
+    (create=True), so a refused run leaves no empty log_dir behind and two runs starting together into a new
+    one still meet. A log_dir that cannot be written is one line, before any model is built. Every rank must
+    call it."""
+    error = None
+    if rt.master and log_dir not in HELD:
+        error = lock(log_dir, create)
     if rt.distributed:
-        other = broadcast_object(other)
-    if other:
-        raise UserError(f"{log_dir} is in use by another run ({other}): wait for it to end or stop it, or "
-                        "choose another --log_dir")
+        error = broadcast_object(error)
+    if error:
+        raise UserError(error)
+
+
+def lock(log_dir, create):
+    """Rank 0's part of hold_log_dir: the line to stop with, or None."""
+    fix = "make it writable or choose another --log_dir"
+    if not create and not os.path.isdir(log_dir):
+        parent = os.path.dirname(os.path.abspath(log_dir))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if os.access(parent, os.W_OK):
+            return None
+        return (f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no "
+                f"permission): {fix}")
+    from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
+    owner = os.path.join(log_dir, ".owner")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        held = FileLock(os.path.join(log_dir, ".lock"))
+        held.acquire(timeout=0)
+        with open(owner, "w") as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
+    except Timeout:
+        try:
+            with open(owner) as f:
+                other = f.read().strip()
+        except OSError:
+            other = ""
+        return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or "
+                "stop it, or choose another --log_dir")
+    except OSError as e:  # a read-only mount, no permission, a full disk
+        return f"--log_dir={log_dir} cannot be written ({e.strerror}): {fix}"
+    HELD[log_dir] = held
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ resume

@@ -26,7 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
 from accounting import mfu, peak_flops, training_memory
-from checkpoint import MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, weights_shape
+from checkpoint import (MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, space_note,
+                        weights_shape)
 from dataloader import DataLoaderLite, make_shards
 from errors import UserError, check_range
 from hellaswag import evaluate as hellaswag_eval, load_examples
@@ -482,10 +483,41 @@ def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, g
 # ------------------------------------------------------------------------------------------------------------
 # the run's log (metrics.jsonl: one JSON record per line, rank 0 writes) and what it prints
 
-def log(path, record):
-    if runtime.is_rank0():
-        with open(path, "a") as f:  # appended: a resumed run continues the same log
-            f.write(json.dumps(record) + "\n")
+WRITE_FIX = ("make room there (or make it writable) and rerun the same command: it resumes from the newest "
+             "checkpoint")
+
+
+def append(path, records):
+    """Rank 0 appends the records to the log (a resumed run continues it). Returns the line to stop with if
+    it cannot (a full disk, a log_dir gone read-only), else None; the other ranks return None."""
+    if not runtime.is_rank0():
+        return None
+    try:
+        with open(path, "a") as f:
+            f.write("".join(json.dumps(record) + "\n" for record in records))
+    except OSError as e:
+        return f"could not append to {path} ({e.strerror}): {WRITE_FIX}"
+    return None
+
+
+def log(path, records, rt):
+    """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
+    error = append(path, records)
+    if rt.distributed:
+        error = runtime.broadcast_object(error)
+    if error:
+        raise UserError(error)
+
+
+def agree(stop, error, rt):
+    """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log
+    the step. One small all-reduce a step; the error travels only when there is one."""
+    if rt.distributed:
+        flags = torch.tensor([stop, error is not None], device=rt.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, failed = (int(v) for v in flags.tolist())
+        error = runtime.broadcast_object(error) if failed else None
+    return stop, error
 
 
 def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
@@ -510,9 +542,10 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
         print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
                f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
                f"process {mem / 2**30:.1f} GiB{sharded}")
-    log(path, {"event": "start", "step": step, "config": config,
-               "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-               "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, s.compile, optimizers)})
+    log(path, [{"event": "start", "step": step, "config": config,
+                "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
+                "fallbacks": notes, "time": time.time(),
+                "run": runtime.run_info(rt, s.compile, optimizers)}], rt)
 
 
 @contextlib.contextmanager
@@ -591,23 +624,24 @@ def validation_loss(model, loader, rows, B, rt):
 
 
 def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
-    """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed and logged."""
+    """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed, and logged
+    together when all are done."""
     eval_model.eval()
     at = os.path.basename(s.init_from) if s.eval_only else f"step {step}"  # eval_only: no steps
     val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_tokens // s.T, s.eval_B or s.B, rt)
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
-    log(path, {"step": step, "val_loss": val_loss, "val_bpb": val_bpb})
+    records = [{"step": step, "val_loss": val_loss, "val_bpb": val_bpb}]
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
         per_forward = max(1, (s.eval_B or s.B) * s.T // 384)  # rows of <= 336 tokens: about a micro-batch
         hs = hellaswag_eval(eval_model, examples, rt, per_forward)
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
-        log(path, {"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
-                   "hellaswag_n": hs["n"]})
+        records.append({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
+                        "hellaswag_n": hs["n"]})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
     samples, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
-    log(path, {"step": step, "samples": samples})
+    log(path, records + [{"step": step, "samples": samples}], rt)
     eval_model.train()
 
 
@@ -654,6 +688,7 @@ def main(argv):
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     raw_model = build_model(s, resume).to(rt.device)
     s, memory_notes = fit_memory(s, given, raw_model.config, rt)  # a B the GPU holds, found before compiling
+    memory_notes += [] if s.eval_only else space_note(s.log_dir, raw_model.num_params())
     train_loader, val_loader, examples = load_data(s, rt)
     s, val_notes = one_validation_pass(s, val_loader)
     for note in memory_notes + val_notes:
@@ -695,13 +730,8 @@ def main(argv):
                 print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped "
                        f"before its update. The newest checkpoint is {last_checkpoint}; lower max_lr or "
                        f"check the data, then rerun to resume from the newest checkpoint that verifies")
-                log(metrics, {"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm})
+                append(metrics, [{"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
                 return 1
-            stop = stop_signal[0]
-            if rt.distributed:  # every rank stops at the same step
-                stop = torch.tensor(stop, device=rt.device)
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-                stop = int(stop.item())
             synchronize(rt.device)  # wait for the GPU before reading the clock
             dt = time.time() - t0
             step += 1
@@ -712,9 +742,13 @@ def main(argv):
                    f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
                    + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
                    + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
-            log(metrics, {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
-                          "tok_s": tok_s, "mfu": util}
-                         | ({"loss_scale": scale, "skipped": skipped} if scale else {}))
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
+                      "tok_s": tok_s, "mfu": util}
+            record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
+            error = append(metrics, [record])
+            stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
+            if error:
+                raise UserError(error)
             last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
