@@ -267,7 +267,7 @@ def save_run(s, rt, step, model, optimizers, scaler, loader):
                 os.remove(old)
             print0(f"checkpoint: {path}")
     if rt.distributed:  # the other ranks wait here for the write
-        error = broadcast_object(error)
+        error = broadcast_object(error, rt.patient)
     if error:
         raise UserError(error)
     return f"{name} (step {step})"
@@ -437,8 +437,8 @@ def find_resume(s, given, rt, metrics_path):
             meta["evaluated"] = evaluated(metrics_path, meta["step"])
         except CheckpointError as e:
             meta = {"error": str(e)}
-    if rt.distributed:
-        meta = broadcast_object(meta)
+    if rt.distributed:  # the others wait while rank 0 reads and verifies
+        meta = broadcast_object(meta, rt.patient)
     if "error" in meta:
         raise UserError(meta["error"])
     origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept

@@ -149,6 +149,7 @@ class Runtime:
     dtype: str = "fp32"  # the compute dtype: bf16, fp16 (with loss scaling) or fp32
     device: str = "cpu"  # cuda:<local rank> on GPUs, else kind
     memory: int = None  # bytes: the smallest GPU of all ranks (their B must be the same); None off CUDA
+    patient: object = None  # a process group of all ranks with COLLECTIVE_TIMEOUT: waits on checkpoint files
     notes: list = dataclasses.field(default_factory=list)  # what setup() found worth a NOTE
 
     @property
@@ -156,16 +157,17 @@ class Runtime:
         return self.rank == 0
 
 
-# How long a rank waits in a collective before the run is aborted (NCCL's default is 10 minutes): the other
-# ranks wait while rank 0 writes a checkpoint, and 1558M's (~19 GB with its AdamW states) takes minutes on
-# slow storage; 30 minutes is enough at 11 MB/s.
+# How long a rank waits for the others while rank 0 writes or reads a checkpoint (the patient group): 1558M's
+# (~19 GB with its AdamW states) takes minutes on slow storage; 30 minutes is enough at 11 MB/s. Also the
+# default of the process group, which train_gpt2.py shortens for its steps (collective_timeout).
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def setup(device="auto", dtype="auto"):
+def setup(device="auto", dtype="auto", timeout=None):
     """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), the process group
-    under torchrun (NCCL between GPUs, gloo between CPU processes), its own GPU, TF32 matmuls, and the
-    compute dtype, decided on that GPU. A device or dtype that cannot work here is a UserError."""
+    under torchrun (NCCL between GPUs, gloo between CPU processes; a collective that waits `timeout` seconds
+    for another rank fails) and the patient group beside it, its own GPU, TF32 matmuls, and the compute
+    dtype, decided on that GPU. A device or dtype that cannot work here is a UserError."""
     distributed = "RANK" in os.environ
     rt = Runtime(*((int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
                    if distributed else (0, 0, 1)), distributed)
@@ -173,7 +175,9 @@ def setup(device="auto", dtype="auto"):
     if rt.kind != "cuda":
         rt.dtype = resolve_dtype(dtype, rt.kind)
     if distributed:
-        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
+        wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
+        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait)
+        rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
     if rt.kind == "cuda":
         rt.device = f"cuda:{rt.local_rank}"
         torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
@@ -214,11 +218,22 @@ def all_gather(obj):
     return out
 
 
-def broadcast_object(obj):
-    """Rank 0's obj on every rank (a small picklable object)."""
+def broadcast_object(obj, group=None):
+    """Rank 0's obj on every rank (a small picklable object); group: the patient one where rank 0 may first
+    spend minutes on a checkpoint file."""
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def timed_out(e):
+    """Whether an exception is a collective that waited out the process group's timeout for another rank
+    (gloo raises it; NCCL's watchdog ends the process itself), also as the cause or context of another."""
+    for _ in range(16):
+        if e is None or isinstance(e, RuntimeError) and "timed out" in str(e).lower():
+            return e is not None
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def git_state():

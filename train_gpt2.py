@@ -89,6 +89,7 @@ device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
 dtype = "auto"
 loss_scale = 65536.0  # fp16 only: the first loss scale (halved on overflow, doubled after 2000 clean steps)
 log_dir = "log"  # metrics.jsonl and checkpoints; a rerun into it resumes (one run at a time)
+collective_timeout = 300  # seconds a step waits for the other processes (a hung one) before the run stops
 seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items()
@@ -116,7 +117,7 @@ SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samp
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
-                                          "checkpoint_interval", "keep_checkpoints")},
+                                          "checkpoint_interval", "keep_checkpoints", "collective_timeout")},
           **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
                                           "seed", "eval_B")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
@@ -590,6 +591,23 @@ def out_of_memory_hint(s, rt, config):
                         f"{fix}") from None
 
 
+@contextlib.contextmanager
+def peer_timeout_hint(s, where):
+    """A collective that waited collective_timeout for another process (one that failed, hangs or was
+    stopped) is a UserError naming the step and the newest checkpoint (where(): both, now); other errors pass
+    through."""
+    try:
+        yield
+    except Exception as e:
+        if not runtime.timed_out(e):
+            raise
+        step, checkpoint = where()
+        raise UserError(f"no answer from another process for {s.collective_timeout} s (--collective_timeout) "
+                        f"at step {step + 1}: it failed, hangs or was stopped. The newest checkpoint is "
+                        f"{checkpoint}; the same command resumes from it (torchrun --max-restarts does by "
+                        "itself)") from None
+
+
 # ------------------------------------------------------------------------------------------------------------
 # evaluation: every rank runs every forward (under FSDP each one is collective)
 
@@ -669,7 +687,9 @@ def main(argv):
 
     # ------------------------------------------------------------------------- processes, device, settings
     asked = {**CONFIG, **given}
-    rt = runtime.setup(asked["device"], asked["dtype"])  # process group, this rank's GPU, TF32, dtype
+    check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
+    # the process group, this rank's GPU, TF32, the dtype
+    rt = runtime.setup(asked["device"], asked["dtype"], asked["collective_timeout"])
     s, given, notes = resolve(given, rt)
     notes = rt.notes + notes
     for note in notes:
@@ -718,7 +738,8 @@ def main(argv):
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
     train_model.train()
-    with catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config):
+    with catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config), \
+            peer_timeout_hint(s, lambda: (step, last_checkpoint)):
         while step < s.max_steps:
             t0 = time.time()
             for opt in optimizers:  # each parameter group from its own role's peak

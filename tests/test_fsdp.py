@@ -194,14 +194,17 @@ def workers(agent_pid):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
-def test_elastic_restart_after_kill_9(runs, tmp_path, text):
-    """torchrun --max-restarts=2: one of the two workers is killed with SIGKILL mid-run; the agent restarts
-    both, they resume from the last checkpoint, and the run ends with the uninterrupted run's weights."""
+def test_a_stopped_worker_times_out_and_torchrun_restarts_the_run(runs, tmp_path, text):
+    """torchrun --max-restarts=2 with --collective_timeout=3: one of the two workers is stopped (SIGSTOP: a
+    hung GPU or process) mid-run. The other waits 3 s at the next collective, then ends in one line naming the
+    step, the timeout and the newest checkpoint; the agent restarts both (the stopped one is killed, as the
+    agent does after its grace period), they resume from that checkpoint, and the run ends with the
+    uninterrupted run's weights."""
     d, data, _ = runs
     log = tmp_path / "log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "--max-restarts=2",
-           SCRIPT] + args(text, data, log) + ["--fsdp=True"]
+           SCRIPT] + args(text, data, log) + ["--fsdp=True", "--collective_timeout=3"]
     env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see README: a stale store can hang the restart
     agent = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -213,12 +216,21 @@ def test_elastic_restart_after_kill_9(runs, tmp_path, text):
             time.sleep(0.02)
         victims = workers(agent.pid)
         assert set(victims) == {0, 1}, victims
-        os.kill(victims[1], signal.SIGKILL)
+        os.kill(victims[1], signal.SIGSTOP)
+        stopped = time.time()
+        while time.time() < deadline and workers(agent.pid).get(0) == victims[0]:  # until rank 0 gives up
+            time.sleep(0.05)
+        waited = time.time() - stopped
+        os.kill(victims[1], signal.SIGKILL)  # the agent's SIGTERM waits for a SIGCONT, its SIGKILL 30 s
         out, _ = agent.communicate(timeout=TIMEOUT)
     finally:
         if agent.poll() is None:
             agent.kill()
     assert agent.returncode == 0, out[-3000:]
+    said = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and said[0].startswith("error: no answer from another process for 3 s "
+                                                 "(--collective_timeout) at step "), out[-3000:]
+    assert "The newest checkpoint is model_000004.pt (step 4)" in said[0] and 3 <= waited < 30, waited
     starts = [r for r in records(log) if r.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # restarted once, from a checkpoint
     assert losses(log) == losses(d / "fsdp") and loss_steps(log) == list(range(1, 9))  # bit for bit
