@@ -551,10 +551,10 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
 
 @contextlib.contextmanager
 def catch_stop_signals():
-    """While it lasts, a one-item list that SIGTERM or SIGINT (Ctrl-C) set to their number, said at once: the
-    step in progress finishes, a checkpoint is written (no evaluation first), and the run exits with 128 +
-    signal. A second signal stops the process at once, without a checkpoint. The handlers before are restored
-    after."""
+    """While it lasts, a one-item list that SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning before the
+    time limit, --signal=USR1@SECONDS) set to their number, said at once: the step in progress finishes, a
+    checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second signal stops
+    the process at once, without a checkpoint. The handlers before are restored after."""
     received = [0]
 
     def handler(signum, frame):
@@ -565,7 +565,9 @@ def catch_stop_signals():
         if runtime.is_rank0():  # os.write: safe inside a signal handler, unlike print
             said = f"{name}: stopping after this step with a checkpoint; {name} again stops now without one"
             os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
-    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGUSR1 does not exist on Windows
+    stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    before = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield received
     finally:
@@ -778,7 +780,7 @@ def main(argv):
                 evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
                                  last_checkpoint if saved else None,
                                  lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader))
-            if stop:  # not a finish: scripts and schedulers see 128 + signal (143 SIGTERM, 130 SIGINT)
+            if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
                 print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
                        f"resume")
                 return 128 + stop

@@ -161,3 +161,15 @@ def save_model(model, path, step=0):
                      "step": step},
                     str(path))
     return str(path)
+
+
+# The files whose tests take longest (compiling, torchrun) go first: each runs on one test worker
+# (--dist loadfile), and started last, one of them would leave the other worker idle at the end.
+LONGEST_FIRST = ("test_compile.py", "test_fsdp.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: the order within a file is kept

@@ -626,8 +626,8 @@ def test_pick_device_and_dtype(monkeypatch):
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 9)])
 def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
-    """runtime.setup() under torchrun (local rank 1 of 2 here: cuda:1): the process group with a 30-minute
-    collective timeout, then set_device, and only then dtype=auto from the capability of the rank's own GPU,
+    """runtime.setup() under torchrun (local rank 1 of 2 here: cuda:1): the process group with the timeout
+    given and the patient one with 30 minutes, then set_device, and only then dtype=auto from the capability of the rank's own GPU,
     never GPU 0's; the smallest GPU memory of the ranks. An explicit bf16 on a GPU without bf16 tensor cores
     runs as asked, with a NOTE naming --dtype=auto."""
     import runtime
@@ -642,15 +642,18 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     monkeypatch.setattr(runtime, "pick_device", lambda name: "cuda")
     monkeypatch.setattr(runtime, "device_memory", lambda device: 80 * 2**30)
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append((a, k)))
+    monkeypatch.setattr(runtime.dist, "new_group", lambda **k: groups.append(((), k)) or "patient")
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(runtime.dist, "all_gather_object",
                         lambda out, obj: out.__setitem__(slice(None), [obj, 40 * 2**30]))
-    rt = runtime.setup("cuda", "auto")
+    rt = runtime.setup("cuda", "auto", timeout=300)
     assert (rt.rank, rt.world_size, rt.device) == (1, 2, "cuda:1") and rt.memory == 40 * 2**30
     assert rt.dtype == ("fp16" if capability < (8, 0) else "bf16") and rt.notes == []
     assert calls[:2] == [("set_device", "cuda:1"), "high"] and set(calls[2:]) == {("capability", "cuda:1")}
-    # NCCL would abort the ranks waiting for a checkpoint after its default 10 minutes
-    assert groups == [(("nccl",), {"timeout": datetime.timedelta(minutes=30)})]
+    # the steps' collectives wait the timeout given; the patient group, for checkpoint files, 30 minutes (NCCL
+    # would abort the ranks waiting for a checkpoint after its default 10 minutes)
+    assert groups == [(("nccl",), {"timeout": datetime.timedelta(seconds=300)}),
+                      ((), {"timeout": datetime.timedelta(minutes=30)})] and rt.patient == "patient"
     rt = runtime.setup("cuda", "bf16")
     assert rt.dtype == "bf16"
     if capability < (8, 0):

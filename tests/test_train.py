@@ -87,17 +87,18 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     assert math.isclose(val[8], ref_val[8], rel_tol=1e-5)  # validated on the same rows as before
 
 
-def test_sigterm_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, capsys, text, reference):
-    """SIGTERM finishes the step, writes a checkpoint and exits 143. Bytes changed inside that newest
-    checkpoint: the resume says so, takes the one before and ends bit for bit where the uninterrupted run
-    ended. With every checkpoint truncated: one line, exit 1, nothing trained."""
+def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, capsys, text, reference):
+    """SIGUSR1 (Slurm's warning before the time limit; SIGTERM and Ctrl-C share its handler, and SIGTERM's
+    status is test_one_run_per_log_dir's) finishes the step, writes a checkpoint and exits 138. Bytes changed
+    inside that newest checkpoint: the resume says so, takes the one before and ends bit for bit where the
+    uninterrupted run ended. With every checkpoint truncated: one line, exit 1, nothing trained."""
     ref_losses, ref_weights, _ = reference
     log = str(tmp_path / "log")
-    code, out = start_and_signal(run_args(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGTERM)
-    assert code == 128 + signal.SIGTERM, out  # 143: schedulers see the run did not finish
+    code, out = start_and_signal(run_args(text) + [f"--log_dir={log}"], tmp_path, log, 3, signal.SIGUSR1)
+    assert code == 128 + signal.SIGUSR1, out  # 138: the job script sees the run did not finish
     stopped = max(losses(log))
-    assert f"stopped by SIGTERM after step {stopped}" in out and stopped < 8
-    assert "SIGTERM: stopping after this step with a checkpoint; SIGTERM again stops now without one" in out
+    assert f"stopped by SIGUSR1 after step {stopped}" in out and stopped < 8
+    assert "SIGUSR1: stopping after this step with a checkpoint; SIGUSR1 again stops now without one" in out
     *_, older, newest = checkpoints(log)
     assert os.path.basename(newest) == f"model_{stopped:06d}.pt"
     with open(newest, "r+b") as f:  # random bytes somewhere in the middle (tensor data, most likely)
