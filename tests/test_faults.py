@@ -4,6 +4,7 @@ import errno
 import glob
 import math
 import os
+import textwrap
 
 import pytest
 import torch
@@ -147,3 +148,83 @@ def test_a_log_dir_that_cannot_be_written_is_one_line_before_anything_is_built(t
         train_gpt2.main(TINY + [f"--log_dir={log}"])
     assert str(e.value).startswith(said)
     assert str(e.value).endswith("make it writable or choose another --log_dir")
+
+
+def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_path, text):
+    """train_gpt2.sbatch with stand-ins for srun, scancel and scontrol (scancel signals every process of the
+    step, and the step's end kills what is left of it, as slurmstepd does): Slurm's warning (SIGUSR1 to the
+    script) reaches the training process through torchrun, which ignores it (without that, torchrun dies of
+    it and takes the step down before the checkpoint: this test fails); the run writes a checkpoint and exits
+    138, and the job requeues itself."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from conftest import ENV, ROOT
+    bin_dir, slurm_log, step_pid = tmp_path / "bin", tmp_path / "slurm.log", tmp_path / "step.pid"
+    bin_dir.mkdir()
+    fake = f"#!{sys.executable}\n" + textwrap.dedent(f"""
+        import os, signal, subprocess, sys
+
+        def step():  # the processes of the job step: all that srun's command started
+            children = {{}}
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{{pid}}/stat") as f:
+                        children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(pid))
+                except OSError:
+                    pass
+            found, todo = [], list(children.get(int(open("{step_pid}").read()), []))
+            while todo:
+                found.append(todo.pop())
+                todo += children.get(found[-1], [])
+            return found
+
+        if os.path.basename(sys.argv[0]) == "scancel":  # --signal=USR1 42: every process of the step
+            assert sys.argv[1:] == ["--signal=USR1", "42"], sys.argv
+            for pid in step():
+                os.kill(pid, signal.SIGUSR1)
+        else:  # srun: runs the command; when it ends, slurmstepd kills what is left of the step
+            import ctypes
+            ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the step stay in it
+            open("{step_pid}", "w").write(str(os.getpid()))
+            args = sys.argv[1:]
+            while args[0].startswith("--"):
+                args.pop(0)
+            status = subprocess.call(args)
+            for pid in step():
+                os.kill(pid, signal.SIGKILL)
+            sys.exit(status)
+        """)
+    fakes = {"srun": fake, "scancel": fake,
+             "scontrol": f'#!/bin/sh\ncase "$1" in show) echo 127.0.0.1 ;; requeue) echo "requeue $2" >> '
+                         f'{slurm_log} ;; esac\n'}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
+           "SLURM_JOB_NODELIST": "node1", "GPUS_PER_NODE": "1", "RDZV_PORT": str(port)}
+    log = tmp_path / "log"
+    job = subprocess.Popen(["bash", "train_gpt2.sbatch"] + TINY + [f"--data_root={text}", "--max_steps=1000",
+                                                                   f"--log_dir={log}"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and job.poll() is None:
+            if (log / "metrics.jsonl").exists() and max(losses(log), default=0) >= 2:
+                break
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 does
+        out, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    stopped = max(losses(log))
+    assert f"stopped by SIGUSR1 after step {stopped}; rerun the same command to resume" in out, out[-3000:]
+    assert os.path.basename(checkpoints(log)[-1]) == f"model_{stopped:06d}.pt" and stopped < 1000
+    assert slurm_log.read_text() == "requeue 42\n"
+    assert "failed (exitcode: 138)" in out  # torchrun lived through the signal to see its worker's status

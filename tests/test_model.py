@@ -627,9 +627,9 @@ def test_pick_device_and_dtype(monkeypatch):
 @pytest.mark.parametrize("capability", [(7, 5), (8, 9)])
 def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     """runtime.setup() under torchrun (local rank 1 of 2 here: cuda:1): the process group with the timeout
-    given and the patient one with 30 minutes, then set_device, and only then dtype=auto from the capability of the rank's own GPU,
-    never GPU 0's; the smallest GPU memory of the ranks. An explicit bf16 on a GPU without bf16 tensor cores
-    runs as asked, with a NOTE naming --dtype=auto."""
+    given and the patient one with 30 minutes, then set_device, and only then dtype=auto from the capability
+    of the rank's own GPU, never GPU 0's; the smallest GPU memory of the ranks. An explicit bf16 on a GPU
+    without bf16 tensor cores runs as asked, with a NOTE naming --dtype=auto."""
     import runtime
     calls, groups = [], []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
