@@ -251,8 +251,8 @@ def test_a_full_disk_under_torchrun_stops_every_rank_in_one_line(tmp_path, text)
             torch.save = save
         """))
     log = tmp_path / "log"
-    r = train(TINY + [f"--data_root={text}", "--max_steps=6", "--checkpoint_interval=2", "--eval_interval=100",
-                      f"--log_dir={log}"], cwd=tmp_path, check=False, nproc=2,
+    r = train(TINY + [f"--data_root={text}", "--max_steps=6", "--checkpoint_interval=2",
+                      "--eval_interval=100", f"--log_dir={log}"], cwd=tmp_path, check=False, nproc=2,
               env={"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     said = [line for line in r.stdout.splitlines() if line.startswith("error: ")]
     assert r.returncode == 1 and len(said) == 1, r.stdout[-3000:]
