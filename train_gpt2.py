@@ -667,11 +667,14 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
 
 def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, path, checkpoint, save):
     """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (save()
-    writes it where `checkpoint`, the name of the step's checkpoint, is None). Running out of memory is then a
-    UserError naming eval_B; any other error keeps its traceback after a line naming the checkpoint."""
+    writes it where `checkpoint`, the name of the step's checkpoint, is None), unless another process hangs.
+    Running out of memory is then a UserError naming eval_B; any other error keeps its traceback after a line
+    naming the checkpoint."""
     try:
         evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path)
     except Exception as e:
+        if runtime.timed_out(e):  # another process hangs: no checkpoint can be agreed on (peer_timeout_hint)
+            raise
         checkpoint = checkpoint or save()
         if runtime.is_out_of_memory(e):
             raise UserError(f"out of memory evaluating step {step} at eval_B={s.eval_B or s.B}: the step is "
