@@ -14,7 +14,19 @@ import os
 
 from errors import UserError, command_line, main_guard
 
-GPT2_HELLASWAG, GPT3_HELLASWAG = 0.2955, 0.337  # OpenAI GPT-2 124M; GPT-3 124M (paper); all 10,042 examples
+# Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
+# (n_layer, n_embd) they match; no figure for a size where none was published.
+REFERENCES = {
+    (12, 768): [  # GPT-2 124M
+        # OpenAI's GPT-2 124M weights, completion style as hellaswag.py scores it: 0.2955 (karpathy/llm.c,
+        # dev/data/hellaswag.py's docstring; build-nanogpt's hellaswag.py gives the same)
+        ("OpenAI GPT-2 124M", 0.2955),
+        # GPT-3 Small (125M), zero-shot: 33.7% (Brown et al. 2020, "Language Models are Few-Shot Learners")
+        ("OpenAI GPT-3 125M", 0.337)],
+    (48, 1600): [  # GPT-2 1558M (XL)
+        # OpenAI's GPT-2 XL weights, completion style: 0.4893 (the same llm.c docstring)
+        ("OpenAI GPT-2 1558M", 0.4893)],
+}
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
 
 
@@ -71,8 +83,15 @@ def settings_diff(a, b):
             if k != "config.log_dir" and a.get(k, missing) != b.get(k, missing)]
 
 
-def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
-    """Writes the PNG: loss, bits per byte and (when either log has any) HellaSwag, on one step axis."""
+def reference_levels(run_settings):
+    """[(label, HellaSwag acc_norm)] published for the model size of a run (its settings())."""
+    shape = (run_settings.get("model_config.n_layer"), run_settings.get("model_config.n_embd"))
+    return REFERENCES.get(shape, [])
+
+
+def plot(series, out, logy=False, baseline=None, baseline_label="baseline", references=()):
+    """Writes the PNG: loss, bits per byte and (when either log has any) HellaSwag with the reference levels
+    given, on one step axis."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
@@ -103,9 +122,8 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline"):
         ax.set(xlabel="step", title=title)
     if logy:
         axes[0].set_yscale("log")
-    if hellaswag:
-        axes[2].axhline(GPT2_HELLASWAG, color="r", ls="--", label=f"OpenAI GPT-2 124M ({GPT2_HELLASWAG})")
-        axes[2].axhline(GPT3_HELLASWAG, color="g", ls="--", label=f"OpenAI GPT-3 124M ({GPT3_HELLASWAG})")
+    for (label, value), color in zip(references if hellaswag else [], ("r", "g", "b")):
+        axes[2].axhline(value, color=color, ls="--", label=f"{label} ({value})")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
@@ -133,7 +151,7 @@ def main():
         label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
                  else os.path.dirname(args.baseline) or args.baseline)
     out = args.out or os.path.join(os.path.dirname(args.log) or ".", "plot.png")
-    plot(series, out, args.logy, baseline, label)
+    plot(series, out, args.logy, baseline, label, reference_levels(settings(args.log)))
     print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
           f"{len(series['hellaswag'])} HellaSwag evals")
     if args.baseline:

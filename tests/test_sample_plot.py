@@ -162,3 +162,19 @@ def test_plot_errors(tmp_path):
     write_log(tmp_path / "bad.jsonl", [], tail="not json\n{}\n")
     with pytest.raises(UserError, match="bad.jsonl:1: not valid JSON"):
         plot.load_metrics(str(tmp_path / "bad.jsonl"))
+
+
+def test_hellaswag_reference_levels_follow_the_model_size(tmp_path):
+    """The published levels drawn on the HellaSwag panel are those of the run's model size, read from its start
+    record: GPT-2 and GPT-3 for 124M, GPT-2 for 1558M, none for a shape nothing was published for."""
+    def levels(n_layer, n_embd):
+        write_log(tmp_path / "m.jsonl", [{"event": "start", "step": 0, "config": {},
+                                          "model_config": {"n_layer": n_layer, "n_embd": n_embd}},
+                                         {"step": 1, "loss": 5.0}, {"step": 1, "hellaswag": 0.25}])
+        run = plot.settings(str(tmp_path / "m.jsonl"))
+        plot.plot(plot.load_metrics(str(tmp_path / "m.jsonl")), str(tmp_path / "m.png"),
+                  references=plot.reference_levels(run))
+        return plot.reference_levels(run)
+    assert levels(12, 768) == [("OpenAI GPT-2 124M", 0.2955), ("OpenAI GPT-3 125M", 0.337)]
+    assert levels(48, 1600) == [("OpenAI GPT-2 1558M", 0.4893)]
+    assert levels(4, 64) == [] and levels(24, 1024) == []  # the CPU default; 350M: none published here
