@@ -245,10 +245,11 @@ def load_state(model, optimizers, ckpt, distributed):
                     state["step"] = state["step"].to(p.device, torch.float32)
 
 
-def save_run(s, rt, step, model, optimizers, scaler, loader):
-    """Every rank: write the run's state after `step` as log_dir/model_<step>.pt (rank 0 writes; under FSDP
-    all ranks gather) and delete all but the newest keep_checkpoints of settings s. Returns its name for
-    messages. A write that fails is a UserError on every rank."""
+def save_run(s, rt, step, model, optimizers, scaler, loader, elapsed):
+    """Every rank: write the run's state after `step` (and `elapsed` seconds of training) as
+    log_dir/model_<step>.pt (rank 0 writes; under FSDP all ranks gather) and delete all but the newest
+    keep_checkpoints of settings s. Returns its name for messages. A write that fails is a UserError on every
+    rank."""
     model_state, optimizer_state = gather_state(model, optimizers)
     name, error = f"model_{step:06d}.pt", None
     if rt.master:  # the loader's position is the same on every rank
@@ -258,7 +259,7 @@ def save_run(s, rt, step, model, optimizers, scaler, loader):
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
                              "optimizer": optimizer_state, "step": step, "config": dataclasses.asdict(s),
                              "world_size": rt.world_size, "dataloader": loader.state_dict(),
-                             "scaler": scaler.state_dict(),
+                             "scaler": scaler.state_dict(), "elapsed": elapsed,
                              "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
         except UserError as e:  # a failed write: every rank stops with its line
             error = str(e)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from accounting import mfu, peak_flops, training_memory
+from accounting import Clock, duration, mfu, peak_flops, training_memory
 from checkpoint import (MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, space_note,
                         weights_shape)
 from dataloader import DataLoaderLite, make_shards
@@ -742,6 +742,7 @@ def main(argv):
     # ---------------------------------------------------------------------------------------- training loop
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
+    clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     train_model.train()
     with catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config), \
             peer_timeout_hint(s, lambda: (step, last_checkpoint)):
@@ -764,12 +765,14 @@ def main(argv):
             lr = get_lr(step - 1, s.max_lr, s)
             tok_s = s.total_batch_size / dt
             util = mfu(raw_model.config, tok_s / rt.world_size, peak, s.T)
+            elapsed, eta = clock.elapsed(), clock.eta(step, s.max_steps)
             print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
                    f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
                    + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
+                   + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
                    + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
-                      "tok_s": tok_s, "mfu": util}
+                      "tok_s": tok_s, "mfu": util, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
             error = append(metrics, [record])
             stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
@@ -778,11 +781,14 @@ def main(argv):
             last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
-                last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader)
+                last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
+                                           clock.elapsed())
             if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
                 evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
                                  last_checkpoint if saved else None,
-                                 lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader))
+                                 lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
+                                                  clock.elapsed()))
+            clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
                 print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
                        f"resume")

@@ -85,6 +85,10 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     val = {rec["step"]: rec["val_loss"] for rec in records(log) if "val_loss" in rec}
     ref_val = {rec["step"]: rec["val_loss"] for rec in records(ref_log) if "val_loss" in rec}
     assert math.isclose(val[8], ref_val[8], rel_tol=1e-5)  # validated on the same rows as before
+    # the run's training time goes on from the checkpoint's (not from 0), and the ETA ends at 0
+    steps = [rec for rec in records(log) if "elapsed" in rec]
+    elapsed = {rec["step"]: rec["elapsed"] for rec in steps}
+    assert all(elapsed[k] < elapsed[k + 1] for k in range(1, 8)) and steps[-1]["eta"] == 0
 
 
 def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, capsys, text, reference):
