@@ -165,8 +165,8 @@ def test_plot_errors(tmp_path):
 
 
 def test_hellaswag_reference_levels_follow_the_model_size(tmp_path):
-    """The published levels drawn on the HellaSwag panel are those of the run's model size, read from its start
-    record: GPT-2 and GPT-3 for 124M, GPT-2 for 1558M, none for a shape nothing was published for."""
+    """The published levels drawn on the HellaSwag panel are those of the run's model size, read from its
+    start record: GPT-2 and GPT-3 for 124M, GPT-2 for 1558M, none for a shape nothing was published for."""
     def levels(n_layer, n_embd):
         write_log(tmp_path / "m.jsonl", [{"event": "start", "step": 0, "config": {},
                                           "model_config": {"n_layer": n_layer, "n_embd": n_embd}},
