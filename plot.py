@@ -4,6 +4,7 @@ against step, optionally against a baseline run, and say how the two runs' setti
     python plot.py                                          # log/metrics.jsonl -> log/plot.png
     python plot.py --log run/metrics.jsonl --out run.png --logy
     python plot.py --baseline log_gpt2/metrics.jsonl        # vs OpenAI GPT-2 on the same data (README)
+    python plot.py --report                                 # and log/report.md: what ran, what it reached
 
 A baseline is any train_gpt2.py log: an --eval_only=True run is drawn as level lines (one evaluation), a
 training run as dashed curves. Works on a resumed run (the log is appended; a step done twice keeps its last
@@ -12,6 +13,7 @@ values) and on a run still writing its log (a half-written last line is skipped)
 import json
 import os
 
+from accounting import duration
 from errors import UserError, command_line, main_guard
 
 # Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
@@ -133,6 +135,67 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline", refe
     return [(ax.get_title(), ax.get_xlim()) for ax in axes]  # what was drawn: each panel and its step range
 
 
+def report(path, plot_file=None):
+    """A run's report in markdown, from its metrics.jsonl alone (the same text whenever it is made from the
+    same log): what ran, how long and how fast, what it reached, its last samples, and plot_file."""
+    import statistics
+    records = [r for r in read_log(path) if "event" not in r or r["event"] == "start"]
+    starts = [r for r in records if r.get("event") == "start"]
+    if not starts:
+        raise UserError(f"{path} holds no start record: is it a train_gpt2.py metrics.jsonl?")
+    start, series = starts[-1], load_metrics(path)
+    config, run, model = start["config"], start.get("run") or {}, start.get("model_config") or {}
+    steps = {r["step"]: r for r in records if "loss" in r and "event" not in r}  # a step redone: its last
+    last = steps[max(steps)] if steps else {}
+    lines = [f"# {config.get('log_dir', os.path.dirname(path))}", "", "## What ran", "",
+             f"- settings that differ from train_gpt2.py's settings block: "
+             f"{json.dumps(start.get('differs', {})) if 'differs' in start else '(not recorded)'}",
+             f"- model: {model.get('n_layer')} layers, {model.get('n_head')} heads, {model.get('n_embd')} wide, "
+             f"vocabulary {model.get('vocab_size')}, {model.get('block_size')} positions"
+             + "".join(f", {k}" for k in ("rotary", "qk_norm", "relu2", "untied_head", "rmsnorm", "embed_norm")
+                       if model.get(k)),
+             f"- hardware: {start.get('world_size')} processes on {run.get('hosts')} host(s): "
+             + ", ".join(f"{n} x {name}" for name, n in (run.get("devices") or {}).items())
+             + f"; {run.get('dtype')}, compile {run.get('compile')}",
+             f"- versions: Python {run.get('python')}, torch {run.get('torch')}, CUDA {run.get('cuda')}",
+             f"- code: commit {run.get('git_commit')}" + (" with local changes" if run.get("git_dirty") else ""),
+             f"- starts: {len(starts)} (the first and {len(starts) - 1} resumes)", "", "## Training", ""]
+    if steps:
+        tok_s = [r["tok_s"] for r in steps.values() if r.get("tok_s")]
+        util = [r["mfu"] for r in steps.values() if r.get("mfu") is not None]
+        lines += [f"- steps: {max(steps):,} of {config.get('max_steps'):,}; tokens seen: "
+                  f"{max(steps) * config.get('total_batch_size', 0):,}",
+                  f"- training time: {duration(last.get('elapsed'))}; median {statistics.median(tok_s):,.0f} "
+                  "tok/s" + (f", median MFU {statistics.median(util):.1%}" if util else ""),
+                  f"- final train loss {last['loss']:.4f}"]
+    lines += ["", "## Evaluation", ""]
+    for key, name in (("val_loss", "val loss"), ("val_bpb", "val bits per byte"),
+                      ("hellaswag", "HellaSwag acc_norm")):
+        values = series[key]
+        if values:
+            best = (max if key == "hellaswag" else min)(values, key=values.get)
+            lines.append(f"- {name}: {values[max(values)]:.4f} at step {max(values)} (best {values[best]:.4f} "
+                         f"at step {best})")
+    samples = [r for r in records if "samples" in r]
+    if samples:
+        lines += ["", f"## Samples at step {samples[-1]['step']}", ""]
+        lines += [f"    {text!r}" for text in samples[-1]["samples"]]
+    if plot_file:
+        lines += ["", f"![loss, bits per byte and HellaSwag]({plot_file})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(path):
+    """plot.png and report.md beside a run's metrics.jsonl; returns the report's path."""
+    folder = os.path.dirname(path) or "."
+    plot(load_metrics(path), os.path.join(folder, "plot.png"), references=reference_levels(settings(path)))
+    out = os.path.join(folder, "report.md")
+    with open(out + ".tmp", "w", encoding="utf-8") as f:
+        f.write(report(path, "plot.png"))
+    os.replace(out + ".tmp", out)
+    return out
+
+
 def main():
     parser = command_line(__doc__)
     parser.add_argument("--log", default="log/metrics.jsonl", help="train_gpt2.py's metrics.jsonl")
@@ -141,7 +204,12 @@ def main():
     parser.add_argument("--baseline", default=None,
                         help="another run's metrics.jsonl (e.g. an --eval_only=True run of OpenAI's GPT-2 on "
                         "the same data) to draw as reference lines; its differing settings are printed")
+    parser.add_argument("--report", action="store_true",
+                        help="also write report.md beside the log (with plot.png), as a finished run does")
     args = parser.parse_args()
+    if args.report:
+        print(f"wrote {write_report(args.log)} and plot.png beside it")
+        return
     series = load_metrics(args.log)
     baseline = load_metrics(args.baseline) if args.baseline else None
     diff, label = [], None

@@ -33,6 +33,7 @@ from errors import UserError, check_range
 from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import make_optimizers
+from plot import write_report
 from runtime import autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
@@ -527,8 +528,8 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
     if s.eval_only and rt.master and os.path.exists(path):
         os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
     config = dataclasses.asdict(s)
-    print0(f"config (what differs from the settings block; the log keeps all): "
-           f"{json.dumps({k: v for k, v in config.items() if v != CONFIG[k]})}")
+    differs = {k: v for k, v in config.items() if v != CONFIG[k]}
+    print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
     if s.eval_only:  # nothing trained: what one evaluation reads
         print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
@@ -544,6 +545,7 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
                f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
                f"process {mem / 2**30:.1f} GiB{sharded}")
     log(path, [{"event": "start", "step": step, "config": config,
+                "differs": differs,
                 "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
                 "fallbacks": notes, "time": time.time(),
                 "run": runtime.run_info(rt, s.compile, optimizers)}], rt)
@@ -793,6 +795,8 @@ def main(argv):
                 print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
                        f"resume")
                 return 128 + stop
+    if rt.master:  # finished: what ran and what it reached, from the log alone
+        print0(f"report: {write_report(metrics)} (python plot.py --report --log={metrics} makes it again)")
     return 0
 
 

@@ -178,3 +178,26 @@ def test_hellaswag_reference_levels_follow_the_model_size(tmp_path):
     assert levels(12, 768) == [("OpenAI GPT-2 124M", 0.2955), ("OpenAI GPT-3 125M", 0.337)]
     assert levels(48, 1600) == [("OpenAI GPT-2 1558M", 0.4893)]
     assert levels(4, 64) == [] and levels(24, 1024) == []  # the CPU default; 350M: none published here
+
+
+def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, reference):
+    """The report a finished run writes (report.md, plot.png) holds its log's numbers, and the same report
+    made again later from the log (python plot.py --report) is the same text."""
+    import os
+    from conftest import records
+    log = tmp_path / "log"
+    shutil.copytree(reference[2], log)
+    written = (log / "report.md").read_text()
+    recs = records(log)
+    start = recs[0]
+    vals = {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
+    steps = [r for r in recs if "loss" in r and "event" not in r]
+    assert f"- steps: 8 of 8; tokens seen: {8 * start['config']['total_batch_size']:,}" in written
+    assert f"- val loss: {vals[8]:.4f} at step 8 (best {min(vals.values()):.4f} at step " in written
+    assert f"- final train loss {steps[-1]['loss']:.4f}" in written and (log / "plot.png").exists()
+    assert all(f"    {text!r}" in written for text in recs[-1]["samples"])
+    assert '"n_layer": 2' in written and start["run"]["torch"] in written
+    os.remove(log / "report.md")
+    monkeypatch.setattr(sys, "argv", ["plot.py", "--report", f"--log={log / 'metrics.jsonl'}"])
+    plot.main()
+    assert (log / "report.md").read_text() == written
