@@ -150,15 +150,16 @@ def report(path, plot_file=None):
     lines = [f"# {config.get('log_dir', os.path.dirname(path))}", "", "## What ran", "",
              f"- settings that differ from train_gpt2.py's settings block: "
              f"{json.dumps(start.get('differs', {})) if 'differs' in start else '(not recorded)'}",
-             f"- model: {model.get('n_layer')} layers, {model.get('n_head')} heads, {model.get('n_embd')} wide, "
-             f"vocabulary {model.get('vocab_size')}, {model.get('block_size')} positions"
-             + "".join(f", {k}" for k in ("rotary", "qk_norm", "relu2", "untied_head", "rmsnorm", "embed_norm")
-                       if model.get(k)),
+             f"- model: {model.get('n_layer')} layers, {model.get('n_head')} heads, {model.get('n_embd')} "
+             f"wide, vocabulary {model.get('vocab_size')}, {model.get('block_size')} positions"
+             + "".join(f", {k}" for k in ("rotary", "qk_norm", "relu2", "untied_head", "rmsnorm",
+                                          "embed_norm") if model.get(k)),
              f"- hardware: {start.get('world_size')} processes on {run.get('hosts')} host(s): "
              + ", ".join(f"{n} x {name}" for name, n in (run.get("devices") or {}).items())
              + f"; {run.get('dtype')}, compile {run.get('compile')}",
              f"- versions: Python {run.get('python')}, torch {run.get('torch')}, CUDA {run.get('cuda')}",
-             f"- code: commit {run.get('git_commit')}" + (" with local changes" if run.get("git_dirty") else ""),
+             f"- code: commit {run.get('git_commit')}"
+             + (" with local changes" if run.get("git_dirty") else ""),
              f"- starts: {len(starts)} (the first and {len(starts) - 1} resumes)", "", "## Training", ""]
     if steps:
         tok_s = [r["tok_s"] for r in steps.values() if r.get("tok_s")]
@@ -174,8 +175,8 @@ def report(path, plot_file=None):
         values = series[key]
         if values:
             best = (max if key == "hellaswag" else min)(values, key=values.get)
-            lines.append(f"- {name}: {values[max(values)]:.4f} at step {max(values)} (best {values[best]:.4f} "
-                         f"at step {best})")
+            lines.append(f"- {name}: {values[max(values)]:.4f} at step {max(values)} (best "
+                         f"{values[best]:.4f} at step {best})")
     samples = [r for r in records if "samples" in r]
     if samples:
         lines += ["", f"## Samples at step {samples[-1]['step']}", ""]
