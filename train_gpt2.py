@@ -34,6 +34,7 @@ from hellaswag import evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import make_optimizers
 from plot import write_report
+from trackers import TRACKERS, open_trackers
 from runtime import autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
@@ -91,6 +92,7 @@ dtype = "auto"
 loss_scale = 65536.0  # fp16 only: the first loss scale (halved on overflow, doubled after 2000 clean steps)
 log_dir = "log"  # metrics.jsonl and checkpoints; a rerun into it resumes (one run at a time)
 collective_timeout = 300  # seconds a step waits for the other processes (a hung one) before the run stops
+tracker = ""  # tensorboard, wandb or tensorboard,wandb: the log goes there too (each a pip install)
 seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
 CONFIG = {k: v for k, v in dict(globals()).items()
@@ -257,6 +259,9 @@ def validate(cfg, rt):
     exists. Returns NOTEs on settings that work but are likely mistakes."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
+    if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
+        raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
+                        f"{','.join(TRACKERS)}, or \"\" for none")
     if cfg["fsdp"] and not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
         raise UserError(f"--fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is {torch.__version__}: "
                         f"upgrade torch or drop --fsdp (DDP)")
@@ -489,26 +494,58 @@ WRITE_FIX = ("make room there (or make it writable) and rerun the same command: 
              "checkpoint")
 
 
-def append(path, records):
-    """Rank 0 appends the records to the log (a resumed run continues it). Returns the line to stop with if
-    it cannot (a full disk, a log_dir gone read-only), else None; the other ranks return None."""
-    if not runtime.is_rank0():
+class RunLog:
+    """The run's log: metrics.jsonl, which rank 0 appends to (a resumed run continues it), and the trackers
+    (TensorBoard, W&B) that get the same records, opened by log_start and closed when the with-block that
+    holds the log ends."""
+
+    def __init__(self, path, rt):
+        self.path, self.rt, self.trackers = path, rt, []
+
+    def append(self, records):
+        """Rank 0 appends the records. Returns the line to stop with if it cannot (a full disk, a log_dir gone
+        read-only), else None; the other ranks return None."""
+        if not runtime.is_rank0():
+            return None
+        try:
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps(record) + "\n" for record in records))
+        except OSError as e:
+            return f"could not append to {self.path} ({e.strerror}): {WRITE_FIX}"
+        for tracker in self.trackers:
+            for record in records:
+                if "event" not in record:  # the start record is their config
+                    tracker.write(record)
         return None
-    try:
-        with open(path, "a") as f:
-            f.write("".join(json.dumps(record) + "\n" for record in records))
-    except OSError as e:
-        return f"could not append to {path} ({e.strerror}): {WRITE_FIX}"
-    return None
 
+    def log(self, records):
+        """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
+        error = self.append(records)
+        if self.rt.distributed:
+            error = runtime.broadcast_object(error)
+        if error:
+            raise UserError(error)
 
-def log(path, records, rt):
-    """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
-    error = append(path, records)
-    if rt.distributed:
-        error = runtime.broadcast_object(error)
-    if error:
-        raise UserError(error)
+    def open_trackers(self, names, log_dir, start):
+        """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""
+        error = None
+        if runtime.is_rank0():
+            try:
+                self.trackers = open_trackers(names, log_dir, start)
+            except UserError as e:
+                error = str(e)
+        if self.rt.distributed:
+            error = runtime.broadcast_object(error)
+        if error:
+            raise UserError(error)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def agree(stop, error, rt):
@@ -522,11 +559,11 @@ def agree(stop, error, rt):
     return stop, error
 
 
-def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, path):
+def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, run_log):
     """Print what this run is and write its first record: the settings, the model, the environment. An
     evaluation's log starts afresh."""
-    if s.eval_only and rt.master and os.path.exists(path):
-        os.remove(path)  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
+    if s.eval_only and rt.master and os.path.exists(run_log.path):
+        os.remove(run_log.path)  # an earlier evaluation's (a training run's has checkpoints: refused earlier)
     config = dataclasses.asdict(s)
     differs = {k: v for k, v in config.items() if v != CONFIG[k]}
     print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
@@ -544,11 +581,11 @@ def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, p
         print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
                f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
                f"process {mem / 2**30:.1f} GiB{sharded}")
-    log(path, [{"event": "start", "step": step, "config": config,
-                "differs": differs,
-                "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-                "fallbacks": notes, "time": time.time(),
-                "run": runtime.run_info(rt, s.compile, optimizers)}], rt)
+    start = {"event": "start", "step": step, "config": config, "differs": differs,
+             "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
+             "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, s.compile, optimizers)}
+    run_log.log([start])
+    run_log.open_trackers(s.tracker, s.log_dir, start)
 
 
 @contextlib.contextmanager
@@ -645,7 +682,7 @@ def validation_loss(model, loader, rows, B, rt):
     return (nats[0] / counts[0]).item(), (nats[1] / (math.log(2) * counts[1])).item()
 
 
-def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
+def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log):
     """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed, and logged
     together when all are done."""
     eval_model.eval()
@@ -663,17 +700,17 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path):
     samples, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
-    log(path, records + [{"step": step, "samples": samples}], rt)
+    run_log.log(records + [{"step": step, "samples": samples}])
     eval_model.train()
 
 
-def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, path, checkpoint, save):
+def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log, checkpoint, save):
     """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (save()
     writes it where `checkpoint`, the name of the step's checkpoint, is None), unless another process hangs.
     Running out of memory is then a UserError naming eval_B; any other error keeps its traceback after a line
     naming the checkpoint."""
     try:
-        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, path)
+        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log)
     except Exception as e:
         if runtime.timed_out(e):  # another process hangs: no checkpoint can be agreed on (peer_timeout_hint)
             raise
@@ -730,12 +767,14 @@ def main(argv):
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     step = resume.restore(raw_model, optimizers, scaler, train_loader, rt) if resume else 0
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    log_start(s, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, metrics)
+    run_log = RunLog(metrics, rt)
+    log_start(s, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, run_log)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
-        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, metrics)
+        with run_log:
+            evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log)
         return 0
     if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
-        evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
+        evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log,
                          f"{os.path.basename(resume.path)} (step {step})", None)
     # a CPU trains eagerly through ChunkedHeadLoss (no logits: see there); compiled code takes the plain path
     train_step = make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, s.grad_clip,
@@ -746,7 +785,7 @@ def main(argv):
     last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     train_model.train()
-    with catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config), \
+    with run_log, catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config), \
             peer_timeout_hint(s, lambda: (step, last_checkpoint)):
         while step < s.max_steps:
             t0 = time.time()
@@ -759,7 +798,7 @@ def main(argv):
                 print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped "
                        f"before its update. The newest checkpoint is {last_checkpoint}; lower max_lr or "
                        f"check the data, then rerun to resume from the newest checkpoint that verifies")
-                append(metrics, [{"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
+                run_log.append([{"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
                 return 1
             synchronize(rt.device)  # wait for the GPU before reading the clock
             dt = time.time() - t0
@@ -776,7 +815,7 @@ def main(argv):
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
-            error = append(metrics, [record])
+            error = run_log.append([record])
             stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
             if error:
                 raise UserError(error)
@@ -786,7 +825,7 @@ def main(argv):
                 last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
                                            clock.elapsed())
             if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
-                evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, metrics,
+                evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log,
                                  last_checkpoint if saved else None,
                                  lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
                                                   clock.elapsed()))

@@ -97,7 +97,8 @@ def test_what_runs_leave_is_ignored_by_git():
     if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode:
         pytest.skip("not a git checkout")
     left = ["log/metrics.jsonl", "log_gpt2/model_000150.pt", "run 2/model_000010.pt.damaged", "run 2/.lock",
-            "run 2/.owner", "log/plot.png", "log/report.md", "mine/edufineweb_train_000001.bin",
+            "run 2/.owner", "log/plot.png", "log/report.md", "log/tensorboard/events.out.tfevents.1.vm",
+            "log/wandb/offline-run-1-abc/run-abc.wandb", "log/wandb_id", "mine/edufineweb_train_000001.bin",
             "mine/t_val_000000.bin",
             "nano/edufineweb_train_000001.npy", "hellaswag_data/hellaswag_val.jsonl", ".venv/bin/python",
             "venv/lib/x.py", "bench.md", "gpu_check.md", "trace.json"]
