@@ -23,7 +23,7 @@ import time
 import torch
 
 from model import GPT, GPTConfig, pretrained_config
-from errors import UserError, command_line, first_line, main_guard
+from errors import UserError, command_line, find_cause, first_line, main_guard
 from runtime import broadcast_object, print0
 
 
@@ -72,7 +72,7 @@ def save_checkpoint(state, path):
             os.fsync(f.fileno())  # on disk before the name says "complete"
         os.replace(tmp, path)
     except Exception as e:
-        cause = os_error(e)  # torch's writer reports a failed write as "unexpected pos", the OSError inside
+        cause = find_cause(e, lambda x: isinstance(x, OSError))  # inside torch's "unexpected pos"
         if cause is None:
             raise
         if os.path.exists(tmp):
@@ -82,15 +82,6 @@ def save_checkpoint(state, path):
         raise UserError(f"could not write checkpoint {path} ({cause.strerror}{need}); the earlier "
                         "checkpoints are untouched: make room there (or make it writable) and rerun the same "
                         "command, which resumes from the newest one") from None
-
-
-def os_error(e):
-    """The OSError an exception is or was raised from, if any."""
-    for _ in range(16):
-        if e is None or isinstance(e, OSError):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def nbytes(obj):

@@ -40,6 +40,17 @@ def first_line(e):
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def find_cause(e, match):
+    """The first exception in e's chain that match(exception) accepts: e itself, or what it was raised from
+    or while handling (not a context hidden by `from None`); None if there is none. Library errors arrive
+    wrapped: an out-of-memory inside compiled code, the OSError inside torch's "unexpected pos"."""
+    for _ in range(16):
+        if e is None or match(e):
+            return e
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return None
+
+
 def check_range(option, value, low=None, high=None, above=None):
     """A UserError naming the option and its valid range unless low <= value <= high and value > above (each
     bound optional) and value is a finite number: a negative learning rate, nan, an empty batch."""

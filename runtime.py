@@ -17,7 +17,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-from errors import UserError, first_line
+from errors import UserError, find_cause, first_line
 
 
 def hub_online(timeout=3.0):
@@ -129,11 +129,7 @@ def device_name(device):
 def is_out_of_memory(e):
     """Whether an exception is the GPU running out of memory, also when compiled code wrapped it in
     another exception (it is then a cause or context of the one raised; not one hidden by `from None`)."""
-    for _ in range(16):
-        if e is None or isinstance(e, torch.OutOfMemoryError):
-            return e is not None
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-    return False
+    return find_cause(e, lambda x: isinstance(x, torch.OutOfMemoryError)) is not None
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -229,11 +225,7 @@ def broadcast_object(obj, group=None):
 def timed_out(e):
     """Whether an exception is a collective that waited out the process group's timeout for another rank
     (gloo raises it; NCCL's watchdog ends the process itself), also as the cause or context of another."""
-    for _ in range(16):
-        if e is None or isinstance(e, RuntimeError) and "timed out" in str(e).lower():
-            return e is not None
-        e = e.__cause__ or e.__context__
-    return False
+    return find_cause(e, lambda x: isinstance(x, RuntimeError) and "timed out" in str(x).lower()) is not None
 
 
 def git_state():
