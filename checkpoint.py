@@ -24,7 +24,7 @@ import torch
 
 from model import GPT, GPTConfig, pretrained_config
 from errors import UserError, command_line, find_cause, first_line, main_guard
-from runtime import broadcast_object, print0
+from runtime import broadcast_object, print0, stop_everywhere
 
 
 class CheckpointError(UserError):
@@ -111,10 +111,15 @@ def size(n):
 
 def free_space(path):
     """Free bytes on the disk that holds path (or, while it does not exist, its nearest existing parent)."""
+    return shutil.disk_usage(nearest_existing(path)).free
+
+
+def nearest_existing(path):
+    """path if it exists, else its nearest parent that does: where a folder not yet made will be."""
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
-    return shutil.disk_usage(path).free
+    return path
 
 
 def load_checkpoint(path):
@@ -258,10 +263,7 @@ def save_run(s, rt, step, model, optimizers, scaler, loader, elapsed):
             for old in checkpoints(s.log_dir)[:-s.keep_checkpoints]:
                 os.remove(old)
             print0(f"checkpoint: {path}")
-    if rt.distributed:  # the other ranks wait here for the write
-        error = broadcast_object(error, rt.patient)
-    if error:
-        raise UserError(error)
+    stop_everywhere(error, rt, rt.patient)  # the other ranks wait here for the write
     return f"{name} (step {step})"
 
 
@@ -277,22 +279,14 @@ def hold_log_dir(log_dir, rt, create=False):
     (create=True), so a refused run leaves no empty log_dir behind and two runs starting together into a new
     one still meet. A log_dir that cannot be written is one line, before any model is built. Every rank must
     call it."""
-    error = None
-    if rt.master and log_dir not in HELD:
-        error = lock(log_dir, create)
-    if rt.distributed:
-        error = broadcast_object(error)
-    if error:
-        raise UserError(error)
+    stop_everywhere(lock(log_dir, create) if rt.master and log_dir not in HELD else None, rt)
 
 
 def lock(log_dir, create):
     """Rank 0's part of hold_log_dir: the line to stop with, or None."""
     fix = "make it writable or choose another --log_dir"
     if not create and not os.path.isdir(log_dir):
-        parent = os.path.dirname(os.path.abspath(log_dir))
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
+        parent = nearest_existing(os.path.dirname(os.path.abspath(log_dir)))
         if os.access(parent, os.W_OK):
             return None
         return (f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no "

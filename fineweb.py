@@ -94,7 +94,8 @@ def contents_fingerprint(input_path):
     if input_path is None:
         return 0
     _, files, _ = input_files(input_path)
-    listing = [(os.path.relpath(p, input_path), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
+    listing = [(os.path.relpath(p, input_path), st.st_size, st.st_mtime_ns)
+               for p, st in zip(files, map(os.stat, files))]
     return zlib.crc32(json.dumps(listing).encode()) & 0x7FFFFFFF or 1
 
 

@@ -222,6 +222,15 @@ def broadcast_object(obj, group=None):
     return box[0]
 
 
+def stop_everywhere(error, rt, group=None):
+    """Rank 0's line to stop with (None: go on), raised as a UserError on every rank: one broadcast when
+    distributed, so no rank runs on into a collective the others have left."""
+    if rt.distributed:
+        error = broadcast_object(error, group)
+    if error:
+        raise UserError(error)
+
+
 def timed_out(e):
     """Whether an exception is a collective that waited out the process group's timeout for another rank
     (gloo raises it; NCCL's watchdog ends the process itself), also as the cause or context of another."""

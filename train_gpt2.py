@@ -520,11 +520,7 @@ class RunLog:
 
     def log(self, records):
         """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
-        error = self.append(records)
-        if self.rt.distributed:
-            error = runtime.broadcast_object(error)
-        if error:
-            raise UserError(error)
+        runtime.stop_everywhere(self.append(records), self.rt)
 
     def open_trackers(self, names, log_dir, start):
         """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""
@@ -534,10 +530,7 @@ class RunLog:
                 self.trackers = open_trackers(names, log_dir, start)
             except UserError as e:
                 error = str(e)
-        if self.rt.distributed:
-            error = runtime.broadcast_object(error)
-        if error:
-            raise UserError(error)
+        runtime.stop_everywhere(error, self.rt)
 
     def __enter__(self):
         return self
