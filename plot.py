@@ -53,10 +53,11 @@ def read_log(path):
     return records
 
 
-def load_metrics(path):
-    """{"loss": {step: v}, "val_loss": ..., "val_bpb": ..., "hellaswag": ...} from a metrics.jsonl."""
+def load_metrics(path, records=None):
+    """{"loss": {step: v}, "val_loss": ..., "val_bpb": ..., "hellaswag": ...} from a metrics.jsonl (its
+    records, where read already)."""
     series = {key: {} for key in SERIES}
-    for record in read_log(path):
+    for record in read_log(path) if records is None else records:
         if "event" in record:
             continue
         for key in series:
@@ -67,10 +68,10 @@ def load_metrics(path):
     return series
 
 
-def settings(path):
+def settings(path, records=None):
     """The newest start record's settings, flat: {"config.B": 8, "model_config.n_layer": 12, "run.torch":
-    ...}."""
-    starts = [r for r in read_log(path) if r.get("event") == "start"]
+    ...} (from its records, where read already)."""
+    starts = [r for r in (read_log(path) if records is None else records) if r.get("event") == "start"]
     if not starts:
         return {}
     return {f"{part}.{k}": v for part in ("config", "model_config", "run")
@@ -135,15 +136,16 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline", refe
     return [(ax.get_title(), ax.get_xlim()) for ax in axes]  # what was drawn: each panel and its step range
 
 
-def report(path, plot_file=None):
-    """A run's report in markdown, from its metrics.jsonl alone (the same text whenever it is made from the
-    same log): what ran, how long and how fast, what it reached, its last samples, and plot_file."""
+def report(path, records, series, plot_file=None):
+    """A run's report in markdown, from its metrics.jsonl alone (path; its records and load_metrics' series):
+    the same text whenever it is made from the same log. What ran, how long and how fast, what it reached,
+    its last samples, and plot_file."""
     import statistics
-    records = [r for r in read_log(path) if "event" not in r or r["event"] == "start"]
+    records = [r for r in records if "event" not in r or r["event"] == "start"]
     starts = [r for r in records if r.get("event") == "start"]
     if not starts:
         raise UserError(f"{path} holds no start record: is it a train_gpt2.py metrics.jsonl?")
-    start, series = starts[-1], load_metrics(path)
+    start = starts[-1]
     config, run, model = start["config"], start.get("run") or {}, start.get("model_config") or {}
     steps = {r["step"]: r for r in records if "loss" in r and "event" not in r}  # a step redone: its last
     last = steps[max(steps)] if steps else {}
@@ -187,12 +189,13 @@ def report(path, plot_file=None):
 
 
 def write_report(path):
-    """plot.png and report.md beside a run's metrics.jsonl; returns the report's path."""
-    folder = os.path.dirname(path) or "."
-    plot(load_metrics(path), os.path.join(folder, "plot.png"), references=reference_levels(settings(path)))
+    """plot.png and report.md beside a run's metrics.jsonl (read once); returns the report's path."""
+    folder, records = os.path.dirname(path) or ".", read_log(path)
+    series = load_metrics(path, records)
+    plot(series, os.path.join(folder, "plot.png"), references=reference_levels(settings(path, records)))
     out = os.path.join(folder, "report.md")
     with open(out + ".tmp", "w", encoding="utf-8") as f:
-        f.write(report(path, "plot.png"))
+        f.write(report(path, records, series, "plot.png"))
     os.replace(out + ".tmp", out)
     return out
 
