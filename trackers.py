@@ -23,11 +23,19 @@ def open_trackers(names, log_dir, start):
     return [kinds[name](log_dir, start) for name in names.split(",") if name]
 
 
+def tag(name):
+    """A metrics.jsonl name under its section, as both show them grouped: eval/val_loss, speed/tok_s,
+    train/loss."""
+    if name.startswith(("val_", "hellaswag")):
+        return f"eval/{name}"
+    return f"speed/{name}" if name in ("ms", "tok_s", "mfu", "elapsed", "eta") else f"train/{name}"
+
+
 def values(record):
-    """({name: number}, {name: text}) of a metrics.jsonl record: the samples as one text."""
-    numbers = {k: v for k, v in record.items()
+    """({tag: number}, {tag: text}) of a metrics.jsonl record: the samples as one text."""
+    numbers = {tag(k): v for k, v in record.items()
                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    texts = {"samples": "\n\n".join(record["samples"])} if "samples" in record else {}
+    texts = {"eval/samples": "\n\n".join(record["samples"])} if "samples" in record else {}
     return numbers, texts
 
 

@@ -45,10 +45,12 @@ def test_trackers_get_what_the_log_gets_and_a_resume_continues_them(tmp_path, mo
     board = EventAccumulator(str(log / "tensorboard"))
     board.Reload()
     for name, source in (("loss", steps), ("lr", steps), ("val_loss", vals), ("val_bpb", vals)):
-        got = [(e.step, e.value) for e in board.Scalars(name)]
+        got = [(e.step, e.value) for e in board.Scalars(("eval/" if "val" in name else "train/") + name)]
         assert [step for step, _ in got] == sorted(source), (name, got)  # one value a step
         assert all(math.isclose(value, source[step][name], rel_tol=1e-6) for step, value in got)
-    assert {"samples/text_summary", "config/text_summary"} <= set(board.Tags()["tensors"])
+    assert {"eval/samples/text_summary", "config/text_summary"} <= set(board.Tags()["tensors"])
+    assert {"train/loss", "train/grad_norm", "speed/tok_s", "speed/elapsed", "eval/val_loss"} <= \
+        set(board.Tags()["scalars"])
 
     runs = sorted(glob.glob(str(log / "wandb" / "offline-run-*")))
     assert len(runs) == 2 and all(run.endswith((log / "wandb_id").read_text()) for run in runs)
@@ -63,9 +65,10 @@ def test_trackers_get_what_the_log_gets_and_a_resume_continues_them(tmp_path, mo
             if r["type"] == "history":
                 history.setdefault(r["history"]["step"]["num"], {}).update(r["history"]["item"])
     assert sorted(history) == [1, 2, 3, 4, 5, 6]
-    assert all(math.isclose(history[s]["loss"], steps[s]["loss"], rel_tol=1e-9) for s in steps)
-    assert all(math.isclose(history[s]["val_loss"], vals[s]["val_loss"], rel_tol=1e-9) for s in vals)
-    assert history[6]["samples"] == "\n\n".join([r for r in records(log) if "samples" in r][-1]["samples"])
+    assert all(math.isclose(history[s]["train/loss"], steps[s]["loss"], rel_tol=1e-9) for s in steps)
+    assert all(math.isclose(history[s]["eval/val_loss"], vals[s]["val_loss"], rel_tol=1e-9) for s in vals)
+    last_samples = [r for r in records(log) if "samples" in r][-1]["samples"]
+    assert history[6]["eval/samples"] == "\n\n".join(last_samples)
 
 
 def test_tracker_mistakes_are_one_line(tmp_path, monkeypatch, text):
