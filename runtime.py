@@ -20,6 +20,15 @@ import torch.distributed as dist
 from errors import UserError, find_cause, first_line
 
 
+MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.txt)
+
+
+def torch_older_than(version):
+    """Whether this torch is older than version (major, minor). A build of that version counts as it:
+    2.9.0a0+git... (NVIDIA's containers) is 2.9."""
+    return tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", torch.__version__).groups()) < version
+
+
 def hub_online(timeout=3.0):
     """Whether the Hugging Face Hub can be reached: one connection attempt of `timeout` seconds instead of
     huggingface_hub's retries (offline a download then fails in seconds, not after ~35 s of silence). False
@@ -168,6 +177,10 @@ def setup(device="auto", dtype="auto", timeout=None):
     rt = Runtime(*((int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
                    if distributed else (0, 0, 1)), distributed)
     rt.kind = rt.device = pick_device(device)
+    if torch_older_than(MIN_TORCH):
+        oldest = ".".join(map(str, MIN_TORCH))
+        rt.notes.append(f"torch {torch.__version__} is older than {oldest}, the oldest this project is "
+                        f"tested on: pip install -r requirements.txt upgrades it")
     if rt.kind != "cuda":
         rt.dtype = resolve_dtype(dtype, rt.kind)
     if distributed:

@@ -12,7 +12,6 @@ on input.txt and says so. A rerun with the same log_dir continues from its lates
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import json
 import math
 import os
@@ -262,8 +261,9 @@ def validate(cfg, rt):
     if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
         raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
                         f"{','.join(TRACKERS)}, or \"\" for none")
-    if cfg["fsdp"] and not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
-        raise UserError(f"--fsdp=True needs torch >= 2.6 (FSDP2's fully_shard), this is {torch.__version__}: "
+    if cfg["fsdp"] and runtime.torch_older_than(runtime.MIN_TORCH):  # FSDP2 changed most before 2.9
+        raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
+                        f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
                         f"upgrade torch or drop --fsdp (DDP)")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
         raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "

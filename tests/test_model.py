@@ -105,7 +105,6 @@ def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
     assert structures[0][1][-1][0] == ("head" if untied else "embedding")
 
 
-@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon: torch 2.9")
 def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
     """optimizers.Muon against torch.optim.Muon(adjust_lr_fn="original") as the reference, over 3 steps: a
     plain matrix gets torch's update bit for bit; the fused c_attn (Q, K, V rows, here with 2 K/V heads of

@@ -399,14 +399,24 @@ def test_bad_settings(tmp_path, argv, match):
         train_gpt2.main(TINY + [f"--log_dir={tmp_path}"] + argv)
 
 
-def test_a_torch_too_old_for_fsdp_is_one_line(tmp_path, monkeypatch):
-    """FSDP2's fully_shard came with torch 2.6: hidden here, as on an older torch, --fsdp=True is refused at
-    start-up in one line naming the version. (Muon is our own: it works on any torch requirements.txt
-    allows.)"""
-    import torch.distributed.fsdp
-    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
-    with pytest.raises(UserError, match=r"--fsdp=True needs torch >= 2.6 .*drop --fsdp"):
-        train_gpt2.main(TINY + [f"--log_dir={tmp_path}", "--fsdp=True"])
+def test_an_older_torch_is_a_note_and_fsdp_on_it_one_line(tmp_path, monkeypatch, capsys, text):
+    """The whole suite passes from torch 2.9 (requirements.txt). On an older one (faked here) a run starts
+    with a NOTE saying so, and --fsdp=True is refused in one line naming the version: 2.6's FSDP2 fails on
+    the CPU, and 2.7's and 2.8's sum the gradients over gloo instead of averaging them. A build of 2.9 itself
+    (NVIDIA's containers name it 2.9.0a0+git...) is 2.9."""
+    from runtime import MIN_TORCH, torch_older_than
+    assert MIN_TORCH == (2, 9)
+    monkeypatch.setattr(torch, "__version__", "2.9.0a0+50eac811a6")
+    assert not torch_older_than(MIN_TORCH)
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cu128")
+    assert torch_older_than(MIN_TORCH) and not torch_older_than((2, 8))
+    with pytest.raises(UserError, match=r"--fsdp=True needs torch >= 2.9 .*this is 2.8.0\+cu128: upgrade "
+                                        r"torch or drop --fsdp"):
+        train_gpt2.main(TINY + [f"--log_dir={tmp_path / 'fsdp'}", "--fsdp=True"])
+    assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=1", f"--log_dir={tmp_path / 'run'}"]) \
+        == 0
+    assert ("NOTE: torch 2.8.0+cu128 is older than 2.9, the oldest this project is tested on: pip install -r "
+            "requirements.txt upgrades it") in capsys.readouterr().out
 
 
 def test_scratch_over_existing_checkpoints_is_refused(tmp_path, text):
@@ -513,7 +523,8 @@ def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, statu
     exit status and everything printed still come out."""
     r = subprocess.run([sys.executable, "-c", EXIT, str(tmp_path / "pg"), str(status)], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == status and r.stdout == "written before the exit", (r.returncode, r.stderr)
+    # (torch 2.8 and 2.9's gloo print a line of their own first)
+    assert r.returncode == status and r.stdout.endswith("written before the exit"), (r.returncode, r.stderr)
 
 
 def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
