@@ -344,23 +344,28 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
     return s, notes
 
 
-def truncate_log(path, step):
-    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
-    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
+def log_lines(path):
+    """(line, its record) of each line of a metrics.jsonl, the record None where the line is not JSON (a
+    half-written last line); nothing if there is no log yet."""
     if not os.path.exists(path):
-        return 0
-    keep, dropped = [], 0
+        return
     with open(path) as f:
         for line in f:
             try:
-                record = json.loads(line)
+                yield line, json.loads(line)
             except json.JSONDecodeError:
-                dropped += 1
-                continue
-            if record.get("step", 0) > step:
-                dropped += 1
-            else:
-                keep.append(line if line.endswith("\n") else line + "\n")
+                yield line, None
+
+
+def truncate_log(path, step):
+    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
+    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
+    keep, dropped = [], 0
+    for line, record in log_lines(path):
+        if record is None or record.get("step", 0) > step:
+            dropped += 1
+        else:
+            keep.append(line if line.endswith("\n") else line + "\n")
     if dropped:
         with open(path + ".tmp", "w") as f:
             f.writelines(keep)
@@ -456,17 +461,8 @@ def find_resume(s, given, rt, metrics_path):
 
 def evaluated(metrics_path, step):
     """Whether metrics.jsonl holds the validation record of `step`."""
-    if not os.path.exists(metrics_path):
-        return False
-    with open(metrics_path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line
-                continue
-            if record.get("step") == step and "val_loss" in record:
-                return True
-    return False
+    return any(record is not None and record.get("step") == step and "val_loss" in record
+               for _, record in log_lines(metrics_path))
 
 
 # --------------------------------------------------------------------------------------------- command line

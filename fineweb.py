@@ -43,9 +43,9 @@ EMPTY = object()  # what next() gives for a corpus without documents
 
 # ------------------------------------------------------------------------------------------------ reading
 
-def iter_documents(input_path, text_field):
-    """The documents' texts in order: local files (offline) or, without input_path, FineWeb-Edu streamed
-    from the Hugging Face Hub (no 28 GB download to disk first)."""
+def iter_documents(input_path, text_field, listing):
+    """The documents' texts in order: local files (offline; listing: their input_files) or, without
+    input_path, FineWeb-Edu streamed from the Hugging Face Hub (no 28 GB download to disk first)."""
     if input_path is None:
         try:
             from datasets import load_dataset
@@ -57,7 +57,7 @@ def iter_documents(input_path, text_field):
                             f"({first_line(e)}); offline, --input takes local data: .jsonl/.parquet/.txt "
                             "files, a folder of them, or a datasets.save_to_disk folder") from None
         return (field(row, text_field, REMOTE) for row in ds)
-    kind, files, others = input_files(input_path)
+    kind, files, others = listing
     if kind == "saved":
         return iter_saved_dataset(input_path, text_field)
     if others:
@@ -88,12 +88,9 @@ def input_files(input_path):
     return "folder", files, [p for p in everything if not p.endswith(DOCUMENT_FILES)]
 
 
-def contents_fingerprint(input_path):
+def contents_fingerprint(input_path, files):
     """A fingerprint of the input files' names, sizes and modification times: a file added, removed or
-    changed since the shards were written is noticed without reading it. 0 for FineWeb from the Hub."""
-    if input_path is None:
-        return 0
-    _, files, _ = input_files(input_path)
+    changed since the shards were written is noticed without reading it (never 0: that is FineWeb's)."""
     listing = [(os.path.relpath(p, input_path), st.st_size, st.st_mtime_ns)
                for p, st in zip(files, map(os.stat, files))]
     return zlib.crc32(json.dumps(listing).encode()) & 0x7FFFFFFF or 1
@@ -223,13 +220,14 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     check_range("--workers", workers, 1)
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
+    listing = input_files(input_path) if input_path else None  # a missing input fails here, before out_dir
     fingerprints = (zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF,
-                    contents_fingerprint(input_path))  # a missing input fails here, before out_dir
+                    contents_fingerprint(input_path, listing[1]) if listing else 0)  # 0: FineWeb, the Hub
     done = complete_shards(out_dir, prefix, fingerprints) if os.path.isdir(out_dir) else []
     if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
         print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
         return
-    docs = iter_documents(input_path, text_field)  # no network fails here, before out_dir
+    docs = iter_documents(input_path, text_field, listing)  # no network fails here, before out_dir
     first = next(docs, EMPTY)  # and a bad or empty first document too
     if first is EMPTY:
         raise UserError(f"the corpus {input_path or source} is empty: no documents to tokenize")

@@ -214,16 +214,17 @@ def main():
     if args.report:
         print(f"wrote {write_report(args.log)} and plot.png beside it")
         return
-    series = load_metrics(args.log)
-    baseline = load_metrics(args.baseline) if args.baseline else None
-    diff, label = [], None
+    records = read_log(args.log)  # each log read once
+    series, run = load_metrics(args.log, records), settings(args.log, records)
+    baseline, diff, label = None, [], None
     if args.baseline:
-        base = settings(args.baseline)
-        diff = settings_diff(settings(args.log), base)
+        base_records = read_log(args.baseline)
+        baseline, base = load_metrics(args.baseline, base_records), settings(args.baseline, base_records)
+        diff = settings_diff(run, base)
         label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
                  else os.path.dirname(args.baseline) or args.baseline)
     out = args.out or os.path.join(os.path.dirname(args.log) or ".", "plot.png")
-    plot(series, out, args.logy, baseline, label, reference_levels(settings(args.log)))
+    plot(series, out, args.logy, baseline, label, reference_levels(run))
     print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
           f"{len(series['hellaswag'])} HellaSwag evals")
     if args.baseline:
