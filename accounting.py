@@ -88,8 +88,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
         in the compute dtype: c_attn input C, q/k/v C + 2·kv, attention output C (SDPA returns it laid out
         as (B, T, nh, hs), so re-assembling the heads copies nothing), c_fc input C, GELU input 4·C, c_proj
         input 4·C (12·C + 2·kv), and the attention's log-sum-exp per head (flash attention keeps no T x T);
-    then ln_f's and lm_head's inputs, the logits (compute dtype) and the loss's fp32 log-probabilities (V
-    each a token), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
+    then ln_f's and lm_head's inputs and the loss's fp32 log-probabilities (V each a token: the logits
+    themselves are not kept, GPT.forward returns none with a loss), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
     and one block's activations are live at a time in backward.
     FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
     (gradients are reduce-scattered every micro-step), and adds "gathered": the unsharded parameters and
@@ -105,8 +105,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     C, L, V, kv = config.n_embd, config.n_layer, config.vocab_size, config.n_kv_head * config.head_dim
     N = count_params(config)
     layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
-    # ln_f, lm_head input, logits, log-probs, idx/targets
-    head = 4 * C + 2 * 4 + a * C + a * V + 4 * V + 2 * 8
+    # ln_f, lm_head input, log-probs, idx/targets
+    head = 4 * C + 2 * 4 + a * C + 4 * V + 2 * 8
     blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
     one, two = (count_params(dataclasses.replace(config, n_layer=n)) for n in (1, 2))
     block = two - one  # parameters of one Block

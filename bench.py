@@ -5,6 +5,7 @@
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --gpu-check          # check what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
+    python bench.py --only generation    # tokens/s of generate(): KV-cache (compiled, CUDA graph) vs recomputing
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
@@ -40,7 +41,7 @@ from accounting import count_params, flops_per_token, memory_bandwidth, peak_flo
 from errors import UserError, check_range, command_line, main_guard
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
-from runtime import autocast, device_name, is_out_of_memory, synchronize
+from runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
 from train_gpt2 import make_train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
@@ -213,24 +214,45 @@ def breakdown(step, device, step_time, steps=3, trace=None):
     return lines
 
 
-def generation(size, rt, prompt_len, new_tokens, batch):
-    """Tokens/s of generate() with and without the KV-cache (greedy, so both produce the same tokens)."""
+def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_len=8):
+    """Greedy generate() at each (batch, new tokens) of runs: tokens/s with the KV-cache (compile: the decode
+    step compiled and, on CUDA, a CUDA graph; the compiling and warm-up of each batch size timed apart,
+    once) against recomputing the whole sequence every token (eager, timed on its second run so that
+    per-shape setup, cuDNN's attention plans, stays out), and the share of tokens both give (in bf16,
+    rounding can flip a near-tie between two logits, and the sequences part there)."""
     device = rt.device
-    model = build(size, {"vocab_size": 50304, "flash": True}, device).eval()
-    idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
-    rates, outs = {}, {}
-    for use_cache in (False, True):
+    # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
+    model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
+    how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
+        "compiled decode step" if compile else "eager"
+    lines = [f"generation (greedy, prompt {prompt_len} tokens, {rt.dtype}; KV-cache: {how}):", "",
+             "| batch | new tokens | KV-cache tok/s | recomputing tok/s | cache / recompute | same tokens "
+             "| compiling and warm-up |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(lines), flush=True)
+    warmed = set()
+    for batch, new in runs:
+        idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
+        rates, outs, warm = {}, {}, ""
         with autocast(device, rt.dtype):
-            model.generate(idx, 4, top_k=1, use_cache=use_cache)  # warm-up
-            synchronize(device)
-            t0 = time.perf_counter()
-            outs[use_cache] = model.generate(idx, new_tokens, top_k=1, use_cache=use_cache)
-            synchronize(device)
-        rates[use_cache] = batch * new_tokens / (time.perf_counter() - t0)
-    same = torch.equal(outs[False], outs[True])
-    return [f"KV-cache generation, batch {batch}, prompt {prompt_len} + {new_tokens} new tokens: "
-            f"{rates[True]:,.0f} tok/s with the cache vs {rates[False]:,.0f} tok/s recomputing "
-            f"({rates[True] / rates[False]:.1f}x; identical tokens: {same})"]
+            if batch not in warmed:  # a decode step per batch size: compiled and captured once
+                synchronize(device)
+                t0 = time.perf_counter()
+                model.generate(idx, 2, top_k=1, compile=compile)
+                synchronize(device)
+                warm, _ = f"{time.perf_counter() - t0:.1f} s", warmed.add(batch)
+            for use_cache in (True, False):
+                for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
+                    synchronize(device)
+                    t0 = time.perf_counter()
+                    outs[use_cache] = model.generate(idx, new, top_k=1, use_cache=use_cache,
+                                                     compile=compile)
+                    synchronize(device)
+                rates[use_cache] = batch * new / (time.perf_counter() - t0)
+        same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
+        lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {rates[False]:,.0f} | "
+                     f"{rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
 
 
 def memory(size, s, B, T, rt, compiled_peak):
@@ -348,6 +370,8 @@ def main():
                         help="verify fused attention, the Triton softmax, a compiled torchrun run with "
                         "evaluations, fused AdamW and TF32 first; then the ladder only (report: --out, "
                         "default gpu_check.md)")
+    parser.add_argument("--only", default=None, choices=["generation"],
+                        help="measure this alone: generation (KV-cache against recomputing, no ladder)")
     parser.add_argument("--hellaswag_data", default=None,
                         help="--gpu-check: HellaSwag jsonl for the training run "
                         "(default: examples cut from input.txt)")
@@ -385,6 +409,10 @@ def main():
         print("\n".join(lines), flush=True)
         report += lines
         args.out = args.out or "gpu_check.md"
+    compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
+    runs = ((1, 256), (8, 256), (1, 512)) if cuda else ((1, 32), (4, 32))
+    if args.only == "generation":
+        return finish(report + generation(size, rt, compile, runs), args.out, failed)
     lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, skip)
     report += lines + [""]
     print()
@@ -396,8 +424,8 @@ def main():
         for line in extra:
             print(line, flush=True)
         report += extra
-    extra = generation(size, rt, 8, 128 if cuda else 32, 4)
-    extra += memory(size, last_s, B, T, rt, last_mem)
+    report += generation(size, rt, compile, runs)
+    extra = memory(size, last_s, B, T, rt, last_mem)
     extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]
     if cuda:
         extra += softmax_bandwidth(rt.kind)

@@ -97,6 +97,45 @@ def recompiles(output, marker):
     return count[0], count[1]
 
 
+def check_generation(rt):
+    """(ok, detail): the compiled decode step replayed as a CUDA graph gives recomputation's greedy tokens in
+    fp32 with TF32 off, up to the first step whose top-2 logit gap is 1e-4 or less (bf16 rounding, or TF32,
+    can flip such a near-tie), and under bf16 autocast its decode loop makes no host sync (counted by CUDA's
+    sync debug mode: 4 and 32 new tokens make the same syncs, the prompt's one check)."""
+    import warnings
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(rt.device)
+    model.eval()
+    idx = torch.randint(0, 50257, (3, 8), device=rt.device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        fast = model.generate(idx, 64, top_k=1, compile=True).tolist()
+        full = model.generate(idx, 64, top_k=1, use_cache=False)
+        top2 = model(full[:, :-1])[0][:, 7:].float().topk(2, dim=-1).values
+        gaps, full = (top2[..., 0] - top2[..., 1]).tolist(), full.tolist()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    clear = [next((t for t, g in enumerate(row) if g <= 1e-4), len(row)) for row in gaps]  # per row
+    same = all(f[8:8 + n] == r[8:8 + n] for f, r, n in zip(fast, full, clear))
+
+    def syncs(new):
+        with warnings.catch_warnings(record=True) as caught, autocast(rt.device, "bf16"):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                model.generate(idx, new, top_k=50, compile=True)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+    syncs(2)  # compiles and captures the bf16 step
+    counted = syncs(4), syncs(32)
+    ok = same and counted[0] == counted[1]
+    return ok, (f"fp32 greedy: {'the same tokens as' if same else 'OTHER tokens than'} recomputing over "
+                f"{sum(clear)} of {3 * 64} steps with a clear top-2 gap; bf16 decoding: {counted[0]} / "
+                f"{counted[1]} host syncs at 4 / 32 new tokens")
+
+
 def synthetic_hellaswag(path, n):
     """n HellaSwag-format examples cut from input.txt (the check needs the shapes, not the answers)."""
     with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
@@ -165,6 +204,8 @@ def run_checks(rt, hellaswag_data=None):
     results.append(("Triton softmax", *check_softmax()) if rt.kind == "cuda" else
                    ("Triton softmax", True,
                     "not checked: CUDA only (tests/test_fused_softmax.py runs it interpreted)"))
+    if rt.kind == "cuda":  # tests/test_model.py checks the same design points on a CPU
+        results.append(("generation: CUDA graph, no host sync", *check_generation(rt)))
     with tempfile.TemporaryDirectory() as work_dir:
         results += check_training_run(rt.kind, work_dir, hellaswag_data)
     return results

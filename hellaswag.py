@@ -10,6 +10,7 @@ of its tokens given the context, summed (acc) or averaged over its tokens (acc_n
 evaluate() is the one implementation, used by this script and by train_gpt2.py.
 """
 import json
+import math
 import os
 import sys
 import time
@@ -26,8 +27,9 @@ from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
-BUCKET = 8  # rows are padded to a multiple of 8 tokens: few lengths (torch.compile turns the length
-# dynamic at the second one, so it compiles twice, not per example)
+BUCKET = 8  # rows are padded to a multiple of 8 tokens
+SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans (torch.compile turns the
+# length dynamic at the second one, so it compiles twice, not per length)
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -109,6 +111,12 @@ def encode(example, enc):
     return enc.encode_ordinary(example["ctx"]), [enc.encode_ordinary(" " + e) for e in example["endings"]]
 
 
+def encode_all(examples, enc):
+    """encode() of every example. (tiktoken's encode_ordinary_batch is 4x slower on these 50k short texts: a
+    thread-pool task for each.)"""
+    return [encode(ex, enc) for ex in examples]
+
+
 def render(example, enc):
     """Token rows context + ending for the 4 endings, and masks marking each row's ending tokens."""
     ctx, ends = encode(example, enc)
@@ -125,85 +133,131 @@ def ending_losses(logits, tokens, mask):
     return total, total / keep.sum(1)
 
 
-def pack(example, enc):
-    """An example as one row: its context once, then its 4 endings, each at the positions it has after the
-    context. Returns (tokens, pos, group, scored): group is -1 for context tokens and j for ending j;
-    scored holds, for every ending token, (the row index of the token predicting it, the token, j)."""
-    ctx, ends = encode(example, enc)
-    tokens, pos, group, scored = list(ctx), list(range(len(ctx))), [-1] * len(ctx), []
+def pack(ctx, ends):
+    """An example (its context tokens, its 4 endings' tokens) as one row: the context once, then the 4
+    endings, each at the positions it has after the context. Returns (tokens, pos, group, scored): group is
+    -1 for context tokens and j for ending j; scored holds, for every ending token, (the row index of the
+    token predicting it, the token, j)."""
+    a = len(ctx)
+    tokens, pos, group = list(ctx), list(range(a)), [-1] * a
+    before, targets, owner = [], [], []
     for j, end in enumerate(ends):
-        for k, token in enumerate(end):
-            if k or ctx:  # the first ending token follows the context's last; a row's first token has none
-                scored.append((len(tokens) - 1 if k else len(ctx) - 1, token, j))
-            tokens.append(token)
-            pos.append(len(ctx) + k)
-            group.append(j)
-    return tokens, pos, group, np.array(scored, dtype=np.int64).reshape(-1, 3)
+        start = len(tokens)  # the row index of the ending's first token
+        # its first token follows the context's last, each other token the one before it; the first token of a
+        # row with no context has nothing before it and is not scored
+        before += ([a - 1] if a else []) + list(range(start, start + len(end) - 1))
+        targets += end if a else end[1:]
+        owner += [j] * (len(end) - (not a))
+        tokens += end
+        pos += range(a, a + len(end))
+        group += [j] * len(end)
+    return tokens, pos, group, np.array([before, targets, owner], dtype=np.int64).T
 
 
-def collate(packed, rows, device):
-    """A forward's inputs for packed examples, padded to `rows` rows of a multiple of BUCKET tokens:
-    tokens and pos (rows, L); attn_mask (rows, L, L): a token sees the earlier tokens of its context and of
-    its own ending (padding sees padding); select (N,): the flat positions whose next token is scored;
-    targets (N,); owner (N,): the ending (4 * example + j) each scored token belongs to."""
-    L = -(-max(len(p[0]) for p in packed) // BUCKET) * BUCKET
-    tokens, pos = torch.zeros(rows, L, dtype=torch.long), torch.zeros(rows, L, dtype=torch.long)
-    group = torch.full((rows, L), -2)
-    for b, (t, p, g, _) in enumerate(packed):
-        tokens[b, :len(t)], pos[b, :len(t)], group[b, :len(t)] = map(torch.tensor, (t, p, g))
+def lengths(rows, most=SHAPES):
+    """At most `most` padded row lengths for rows of these lengths: multiples of BUCKET at their quantiles,
+    the last the longest. Few shapes: few compiled kernels and attention plans, for little padding."""
+    ordered = sorted(rows)
+    edges = {ordered[-(-len(ordered) * k // most) - 1] for k in range(1, most + 1)}
+    return sorted({-(-e // BUCKET) * BUCKET for e in edges})
+
+
+class Prepared:
+    """HellaSwag examples as one rank's batches, tokenized and packed once (a training run prepares them
+    once for all its evaluations): each example is one row (pack), rows sorted by length, batch_size rows a
+    batch padded to one of at most SHAPES lengths (lengths), and every rank has the same number of
+    batches (under FSDP each forward is collective): a rank with fewer examples gets padding rows it does
+    not count. Rank r of world_size has examples r, r + world_size, ... The arrays are in (pinned, on CUDA)
+    host memory, copied to the device batch by batch without waiting."""
+
+    def __init__(self, examples, rt, batch_size):
+        self.batch_size = batch_size
+        encoded = encode_all(examples, get_encoding())
+        # the same shapes on every rank, from every example's length (its context's and endings' tokens)
+        shapes = lengths([len(ctx) + sum(map(len, ends)) for ctx, ends in encoded])
+        mine = list(range(rt.rank, len(examples), rt.world_size))
+        packed = {i: pack(*encoded[i]) for i in mine}
+        mine.sort(key=lambda i: len(packed[i][0]))
+        most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
+        self.batches, parts, at = [], [], 0  # batches: (where its arrays are in self.data, their shapes, ids)
+        for start in range(0, most, batch_size):
+            batch = mine[start:start + batch_size]
+            L = next(s for s in shapes if s >= max([len(packed[i][0]) for i in batch], default=1))
+            rows = np.zeros((3, batch_size, L), dtype=np.int64)  # tokens, pos, group
+            rows[2] = -2  # padding
+            for b, i in enumerate(batch):
+                for r, values in enumerate(packed[i][:3]):
+                    rows[r, b, :len(values)] = values
+            scored = [packed[i][3] + [b * L, 0, 4 * b] for b, i in enumerate(batch)]
+            # a padding batch still scores a token, so its forward has the head's shapes
+            scored = np.concatenate(scored) if scored else np.zeros((1, 3), dtype=np.int64)
+            labels = np.array([examples[i]["label"] for i in batch] + [-1] * (batch_size - len(batch)))
+            # tokens, pos, group (rows, L); select, targets, owner of the scored tokens; labels (-1: padding)
+            arrays = [*rows, *scored.T, labels]
+            parts += [a.ravel() for a in arrays]
+            self.batches.append((at, [a.shape for a in arrays], batch))
+            at += sum(a.size for a in arrays)
+        self.data = torch.from_numpy(np.concatenate(parts))  # one array: one copy a batch, one pinned block
+        if rt.kind == "cuda":
+            self.data = self.data.pin_memory()
+
+    def arrays(self, k, device):
+        """Batch k's arrays on the device, copied from (pinned) host memory without waiting."""
+        at, shapes, _ = self.batches[k]
+        flat = self.data[at:at + sum(math.prod(s) for s in shapes)].to(device, non_blocking=True)
+        return [part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
+
+
+def attention_mask(group):
+    """(rows, L, L) from group (rows, L), on its device: a token sees the earlier tokens of the context (-1)
+    and of its own ending (padding, -2, sees padding)."""
+    L = group.size(1)
     keys, queries = group[:, None, :], group[:, :, None]
-    attn_mask = torch.ones(L, L, dtype=torch.bool).tril() & ((keys == -1) | (keys == queries))
-    scored = np.concatenate([s + [b * L, 0, 4 * b] for b, (_, _, _, s) in enumerate(packed)])
-    select, targets, owner = torch.from_numpy(scored).to(device).unbind(1)
-    return tokens.to(device), pos.to(device), attn_mask.to(device), select, targets, owner
+    causal = torch.ones(L, L, dtype=torch.bool, device=group.device).tril()
+    return causal & ((keys == -1) | (keys == queries))
 
 
 @torch.no_grad()
-def evaluate(model, examples, rt, batch_size=16, progress=False):
-    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on examples, on the
-    device and in the dtype of rt (a runtime.Runtime).
+def evaluate(model, prepared, rt, progress=False):
+    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on a Prepared set of
+    examples, on the device and in the dtype of rt (a runtime.Runtime).
 
-    Each example is one row: its context once, then its 4 endings, each seeing the context and itself
-    (pack), so the context goes through the model once, not 4 times; the head and the cross-entropy run at
-    the ending tokens only (select). batch_size examples a forward, sorted by length, padded to (batch_size,
-    multiple of 8 tokens). Rank r of world_size scores examples r, r + world_size, ...; under torchrun the
-    counts are summed over ranks (one all-reduce at the end). Every rank
-    runs the same number of forwards (under FSDP each one is collective): a rank with fewer examples runs a
-    padding batch it does not count.
+    Each example is one row: its context once, then its 4 endings, each seeing the context and itself, so
+    the context goes through the model once, not 4 times; the head and the cross-entropy run at the ending
+    tokens only (select). Nothing waits for the device until the end: the batches are copied ahead, the
+    masks built there, each example's two predictions stay there, and everything is read back at once.
+    Under torchrun the counts are summed over ranks (one all-reduce).
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
-    enc, device = get_encoding(), rt.device
-    mine = [(i, pack(examples[i], enc), examples[i]["label"])
-            for i in range(rt.rank, len(examples), rt.world_size)]
-    mine.sort(key=lambda item: len(item[1][0]))
-    pad = ([0] * BUCKET, [0] * BUCKET, [-2] * BUCKET, np.zeros((2, 3), dtype=np.int64))  # scores 2 tokens
-    predictions = []
-    counts = torch.zeros(3, dtype=torch.long, device=device)  # n, correct (sum), correct (mean)
-    most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
-    for start in tqdm(range(0, most, batch_size), desc="hellaswag", unit="batch", disable=not progress):
-        batch = mine[start:start + batch_size]
-        packed = [p for _, p, _ in batch] or [pad]
-        tokens, pos, attn_mask, select, targets, owner = collate(packed, batch_size, device)
+    device = rt.device
+    # per example: its label (-1: padding), the prediction by summed and by mean loss
+    preds = torch.full((len(prepared.batches), prepared.batch_size, 3), -1, device=device)
+    for k, (_, _, batch) in enumerate(tqdm(prepared.batches, desc="hellaswag", unit="batch",
+                                           disable=not progress)):
+        tokens, pos, group, select, targets, owner, labels = prepared.arrays(k, device)
+        attn_mask = attention_mask(group)
         # the lengths vary from batch to batch: under torch.compile one graph for all of them, compiled once,
-        # instead of one for the first length and a second, general one at the next (eager: no effect)
+        # instead of one for the first length and a second, general one at the next. Only if Dynamo is loaded:
+        # without it nothing is compiled, and importing it would cost an eager evaluation seconds
         for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))):
-            torch._dynamo.maybe_mark_dynamic(t, dims)
+            if "torch._dynamo" in sys.modules:
+                torch._dynamo.maybe_mark_dynamic(t, dims)
         with autocast(device, rt.dtype):
             logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
-        if not batch:  # this rank is done, but another still runs a (collective) forward
-            continue
         n = len(batch)
+        if not n:  # this rank is done, but another still runs a (collective) forward
+            continue
         losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (N,)
         total = torch.zeros(4 * n, device=device).index_add_(0, owner, losses).view(n, 4)
-        mean = total / torch.bincount(owner, minlength=4 * n).view(n, 4)
-        pred_sum, pred_mean = total.argmin(1), mean.argmin(1)
-        labels = torch.tensor([label for _, _, label in batch], device=device)
-        counts += torch.stack([torch.tensor(n, device=device), (pred_sum == labels).sum(),
-                               (pred_mean == labels).sum()])
-        predictions += zip([i for i, _, _ in batch], pred_sum.tolist(), pred_mean.tolist())
+        count = torch.zeros(4 * n, device=device).index_add_(0, owner, torch.ones_like(losses)).view(n, 4)
+        preds[k, :n] = torch.stack([labels[:n], total.argmin(1), (total / count).argmin(1)], 1)
+    real = preds[..., 0] >= 0
+    counts = torch.stack([real.sum()] + [(real & (preds[..., 0] == preds[..., i])).sum() for i in (1, 2)])
     if rt.distributed:
         torch.distributed.all_reduce(counts)
-    n, correct, correct_norm = counts.tolist()
-    return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": sorted(predictions)}
+    (n, correct, correct_norm), got = counts.tolist(), preds.tolist()  # the one wait for the device
+    predictions = sorted((i, *got[k][b][1:]) for k, (_, _, batch) in enumerate(prepared.batches)
+                         for b, i in enumerate(batch))
+    return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": predictions}
 
 
 @torch.no_grad()
@@ -253,14 +307,15 @@ def main():
     model = load_model(args.model).to(rt.device).eval()
     t0 = time.time()
     if args.unbatched:
-        result = evaluate_unbatched(model, examples, rt, progress=True)
+        result, how = evaluate_unbatched(model, examples, rt, progress=True), ""
     else:
-        batch_size = args.batch_size or (64 if rt.kind == "cuda" else 8)
-        result = evaluate(model, examples, rt, batch_size, progress=rt.master)
+        prepared = Prepared(examples, rt, args.batch_size or (64 if rt.kind == "cuda" else 8))
+        how = f" (tokenizing and packing {time.time() - t0:.1f} s)"
+        result = evaluate(model, prepared, rt, progress=rt.master)
     dt = time.time() - t0
     if rt.master:
         print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "
-              f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s")
+              f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s, {dt:.1f} s{how}")
     if rt.distributed:
         runtime.exit_process(0)  # every rank, after the last collective: also takes the process group down
 

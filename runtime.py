@@ -91,12 +91,14 @@ def resolve_dtype(dtype, device):
     return dtype
 
 
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def autocast(device, dtype):
     """The project's mixed precision for a resolved dtype: matmuls in bf16 or fp16 under autocast, or fp32."""
     if dtype == "fp32":
         return contextlib.nullcontext()
-    low = torch.bfloat16 if dtype == "bf16" else torch.float16
-    return torch.autocast(torch.device(device).type, dtype=low)
+    return torch.autocast(torch.device(device).type, dtype=TORCH_DTYPES[dtype])
 
 
 def device_memory(device):
@@ -183,10 +185,6 @@ def setup(device="auto", dtype="auto", timeout=None):
                         f"tested on: pip install -r requirements.txt upgrades it")
     if rt.kind != "cuda":
         rt.dtype = resolve_dtype(dtype, rt.kind)
-    if distributed:
-        wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
-        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait)
-        rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
     if rt.kind == "cuda":
         rt.device = f"cuda:{rt.local_rank}"
         torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
@@ -197,6 +195,12 @@ def setup(device="auto", dtype="auto", timeout=None):
             rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
                             f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto "
                             f"uses fp16 here")
+    if distributed:
+        wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
+        # device_id: NCCL binds the rank's GPU now, so a barrier need not guess it (and say so in a warning)
+        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait,
+                                device_id=torch.device(rt.device) if rt.kind == "cuda" else None)
+        rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
     rt.memory = device_memory(rt.device)  # None off CUDA
     if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
         rt.memory = min(all_gather(rt.memory))

@@ -19,19 +19,30 @@ from tokenizer import get_encoding
 
 
 @torch.no_grad()
-def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, rt):
-    """(texts, tokens/s): num_samples continuations of prompt in one batch (KV-cache), from a generator
-    seeded with seed (the same tokens on every rank; the global RNG is untouched). Decoding changes shapes
-    every token, so it runs eagerly, also where the model's regions are compiled."""
+def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, rt, compile=False):
+    """(texts, tokens/s, warm-up seconds): num_samples continuations of prompt in one batch (one prefill for
+    all, then the KV-cache), from a generator seeded with seed (the same tokens on every rank; the global RNG
+    is untouched). compile: the decode step compiled (and on CUDA a CUDA graph), by a warm-up call first whose
+    time is reported apart from tokens/s. Without it decoding runs eagerly, also where the model's regions
+    are compiled (the training run's few short samples: compiling would cost more than it saves)."""
     enc = get_encoding()
     ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
     idx = torch.tensor([ids] * num_samples, device=rt.device)
-    gen = torch.Generator(rt.device).manual_seed(seed)
-    t0 = time.time()
-    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("force_eager"):
-        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
-    synchronize(rt.device)
-    return [enc.decode(row.tolist()) for row in out], num_samples * max_new_tokens / (time.time() - t0)
+    warm_up = 0.0
+    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("default" if compile else "force_eager"):
+        if compile:  # compile, capture, the prompt's attention plan: once, on a generator of its own
+            t0 = time.time()
+            model.generate(idx, min(2, max_new_tokens), temperature=temperature, top_k=top_k, compile=True,
+                           generator=torch.Generator(rt.device).manual_seed(seed))
+            synchronize(rt.device)
+            warm_up = time.time() - t0
+        gen = torch.Generator(rt.device).manual_seed(seed)
+        t0 = time.time()
+        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
+                             compile=compile)
+        out = out.tolist()  # waits for the device
+    tok_s = num_samples * max_new_tokens / (time.time() - t0)
+    return [enc.decode(row) for row in out], tok_s, warm_up
 
 
 def main():
@@ -47,6 +58,8 @@ def main():
     parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest tokens (0 = all)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
+    parser.add_argument("--compile", default="auto", choices=["auto", "True", "False"],
+                        help="compile the decode step and replay it as a CUDA graph (auto: on CUDA)")
     args = parser.parse_args()
     for option, bounds in (("num_samples", (1,)), ("max_new_tokens", (1,)), ("temperature", (None, None, 0)),
                            ("top_k", (0,)), ("seed", (0,))):
@@ -62,13 +75,22 @@ def main():
         args.model = (checkpoints("log") or ["gpt2"])[-1]
         print(f"sample: {args.model} (--model picks another)")
     rt = runtime.setup(args.device)
-    model = load_model(args.model).to(rt.device).eval()
-    texts, tok_s = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
-                          args.top_k or None, args.seed, rt)
+    for note in rt.notes:
+        print(f"NOTE: {note}")
+    compile = args.compile == "True" or (args.compile == "auto" and rt.kind == "cuda")
+    if compile and (why := runtime.compile_blocker(rt)):
+        print(f"NOTE: torch.compile does not work here ({why}); decoding eager. Install triton (GPU) or a C++ "
+              f"compiler (CPU), or pass --compile=False to skip this check")
+        compile = False
+    # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
+    model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
+    texts, tok_s, warm_up = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
+                                   args.top_k or None, args.seed, rt, compile)
     for text in texts:
         print(text)
         print("-" * 80)
-    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {rt.device}")
+    print(f"{args.num_samples} x {args.max_new_tokens} tokens, {tok_s:,.1f} tokens/s on {rt.device}"
+          + (f" (compiled: {warm_up:.1f} s of compiling and warm-up before)" if compile else " (eager)"))
 
 
 if __name__ == "__main__":

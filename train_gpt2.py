@@ -29,7 +29,7 @@ from checkpoint import (MODEL, find_resume, hold_log_dir, load_model, model_conf
                         weights_shape)
 from dataloader import DataLoaderLite, make_shards
 from errors import UserError, check_range
-from hellaswag import evaluate as hellaswag_eval, load_examples
+from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import make_optimizers
 from plot import write_report
@@ -363,12 +363,16 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag examples or None) for this rank."""
+    """(train loader, val loader, HellaSwag's batches or None) for this rank. HellaSwag is tokenized and packed
+    here, once for every evaluation of the run, in batches of rows of <= 336 tokens that hold about a
+    micro-batch of tokens."""
     args = (s.B, s.T, rt.rank, rt.world_size)
     train = DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
     val = DataLoaderLite(*args, "val", s.data_root)
-    examples = (load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data")
-                if s.hellaswag > 0 else None)
+    examples = None
+    if s.hellaswag > 0:
+        examples = Prepared(load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data"),
+                            rt, max(1, (s.eval_B or s.B) * s.T // 384))
     return train, val, examples
 
 
@@ -401,6 +405,10 @@ def wrap_model(raw_model, s, rt):
     maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
+        # DDP's forward opens a profiler record_function, which Dynamo drops with a warning in every log
+        # unless it may trace it (a recent setting: where a torch lacks it, the warning stays)
+        if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
+            torch._dynamo.config.capture_profiler_record_function = True
         return (maybe_compile(ddp_model), maybe_compile(raw_model),
                 lambda last: contextlib.nullcontext() if last else ddp_model.no_sync())
     model = maybe_compile(raw_model)
@@ -684,13 +692,12 @@ def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log):
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
     records = [{"step": step, "val_loss": val_loss, "val_bpb": val_bpb}]
     if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        per_forward = max(1, (s.eval_B or s.B) * s.T // 384)  # rows of <= 336 tokens: about a micro-batch
-        hs = hellaswag_eval(eval_model, examples, rt, per_forward)
+        hs = hellaswag_eval(eval_model, examples, rt)
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
         records.append({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                         "hellaswag_n": hs["n"]})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
-    samples, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
+    samples, _, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
     run_log.log(records + [{"step": step, "samples": samples}])

@@ -26,7 +26,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     evaluation after the first evaluation compile nothing new (bench.py --gpu-check checks this on a GPU)."""
     from checkpoint import load_model
     from gpu_check import recompiles
-    from hellaswag import evaluate, load_examples
+    from hellaswag import Prepared, evaluate, load_examples
     from runtime import Runtime
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
     log = tmp_path / "compiled"
@@ -44,7 +44,8 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     assert sorted(got) == sorted(ref) == list(range(1, 9))
     for s in ref:
         assert math.isclose(got[s], ref[s], rel_tol=1e-4 if wrap == "ddp" else 1e-5), (s, got[s], ref[s])
-    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), load_examples(data), Runtime(), batch_size=1)
+    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), Prepared(load_examples(data), Runtime(), 1),
+                     Runtime())
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 

@@ -22,3 +22,8 @@ def test_triton_softmax_is_compiled_and_matches_torch():
 def test_compiled_nccl_run_with_evaluations(tmp_path):
     results = gpu_check.check_training_run("cuda", str(tmp_path))
     assert len(results) == 7 and all(ok for _, ok, _ in results), results
+
+
+def test_graphed_generation_is_exact_and_never_waits():
+    ok, detail = gpu_check.check_generation(runtime.setup("cuda"))
+    assert ok, detail

@@ -70,19 +70,22 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
     enc = get_encoding()
     examples = [hellaswag.normalize(example(i), "t") for i in (0, 7, 11)]
     examples.append({**examples[0], "ctx": ""})
-    packed = [hellaswag.pack(ex, enc) for ex in examples]
+    packed = [hellaswag.pack(*hellaswag.encode(ex, enc)) for ex in examples]
     for ex, (tokens, pos, group, scored) in zip(examples, packed):
         ctx = enc.encode_ordinary(ex["ctx"])
         assert tokens[:len(ctx)] == ctx and group.count(-1) == len(ctx)
         assert len(scored) == len(tokens) - len(ctx) - (0 if ctx else 4)
-    tokens, pos, attn_mask, select, targets, owner = hellaswag.collate(packed, 6, "cpu")  # 2 padding rows
+    prepared = hellaswag.Prepared(examples, Runtime(), 6)  # one batch, 2 padding rows
+    [(_, _, order)] = prepared.batches
+    tokens, pos, group, select, targets, owner, labels = prepared.arrays(0, "cpu")
     assert tokens.shape[0] == 6 and tokens.shape[1] % hellaswag.BUCKET == 0
-    logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)
+    assert labels.tolist() == [examples[i]["label"] for i in order] + [-1, -1]
+    logits, _ = model(tokens, pos=pos, attn_mask=hellaswag.attention_mask(group), select=select)
     assert logits.shape == (len(select), 50304)
     losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     total = torch.zeros(4 * len(examples)).index_add_(0, owner, losses)
     ref = []
-    for ex in examples:
+    for ex in [examples[i] for i in order]:  # the batch's rows are sorted by length
         rows, masks = hellaswag.render(ex, enc)
         T = max(len(r) for r in rows)
         row_tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows])
@@ -96,7 +99,7 @@ def test_batched_equals_unbatched(models, batch_size):
     model = models
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
     ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
-    got = hellaswag.evaluate(model, examples, Runtime(), batch_size=batch_size)
+    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), batch_size), Runtime())
     assert got["predictions"] == ref["predictions"]
     assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"],
                                                        ref["acc_norm"]) and got["n"] == 20
@@ -106,9 +109,9 @@ def test_batched_equals_unbatched(models, batch_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
-    single = hellaswag.evaluate(model, examples, Runtime(), batch_size=4)
-    parts = [hellaswag.evaluate(model, examples, Runtime(rank=rank, world_size=world_size), 4)
-             for rank in range(world_size)]
+    single = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4), Runtime())
+    ranks = [Runtime(rank=rank, world_size=world_size) for rank in range(world_size)]
+    parts = [hellaswag.evaluate(model, hellaswag.Prepared(examples, rt, 4), rt) for rt in ranks]
     indices = [i for p in parts for i, _, _ in p["predictions"]]
     assert sorted(indices) == list(range(10))  # every example once
     assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]

@@ -64,7 +64,7 @@ def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
 
 def test_sample_matches_generate_and_is_seeded(checkpoint):
     _, model = checkpoint
-    texts, tok_s = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
+    texts, tok_s, _ = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
     enc = get_encoding()
     idx = torch.tensor([enc.encode_ordinary("To be")] * 3)
     ref = model.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(7))
