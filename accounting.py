@@ -89,8 +89,11 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
         as (B, T, nh, hs), so re-assembling the heads copies nothing), c_fc input C, GELU input 4·C, c_proj
         input 4·C (12·C + 2·kv), and the attention's log-sum-exp per head (flash attention keeps no T x T);
     then ln_f's and lm_head's inputs and the loss's fp32 log-probabilities (V each a token: the logits
-    themselves are not kept, GPT.forward returns none with a loss), and the int64 inputs and targets. With grad_checkpoint a block keeps only its fp32 input
-    and one block's activations are live at a time in backward.
+    themselves are not kept, GPT.forward returns none with a loss), and the int64 inputs and targets.
+    With grad_checkpoint a block keeps only its fp32 input and one block's activations are live at a time in
+    backward.
+    logits: not kept for backward, but the logits and, under autocast, their fp32 copy exist at once while
+    the loss is computed (an eager step's peak; a compiled step fuses them away).
     FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
     (gradients are reduce-scattered every micro-step), and adds "gathered": the unsharded parameters and
     gradients of the units being computed, 8 bytes a parameter (the fp32 root, wte = lm_head with wpe and
@@ -120,6 +123,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
         "gathered": 0 if shards == 1 else 2 * 4 * (root + 2 * block),
         "weight_copies": 0 if dtype == "fp32" else 2 * (V * C if shards > 1 else matrices),
         "activations": B * T * (blocks + head),
+        # not kept, but alive together while the loss is computed: the logits and (autocast) their fp32 copy
+        "logits": B * T * V * (a + (0 if a == 4 else 4)),
     }
     parts["total"] = sum(parts.values())
     return parts

@@ -5,7 +5,7 @@
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --gpu-check          # check what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
-    python bench.py --only generation    # tokens/s of generate(): KV-cache (compiled, CUDA graph) vs recomputing
+    python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is

@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import threading
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -125,6 +126,17 @@ def encode_batch(texts):
     return to_uint16(np.concatenate(arrays), "tokenizer output"), lengths
 
 
+def end_with(parent):
+    """A worker's initializer: exit once `parent` is gone. A parent killed outright (SIGKILL, the OOM killer)
+    cannot stop its pool, and a worker blocked reading the task queue would sleep on forever, adopted by
+    PID 1; a daemon thread notices the adoption within half a second."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def encode_batches(docs, workers, batch_docs=256):
     """Yield encode_batch() of consecutive batches of documents, in order, computed by `workers` processes.
     Batches rather than single documents, and numpy arrays rather than lists of Python ints, keep the
@@ -140,7 +152,7 @@ def encode_batches(docs, workers, batch_docs=256):
         if batch:
             yield batch
 
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, initializer=end_with, initargs=(os.getpid(),)) as pool:
         inflight = collections.deque()
         for batch in batches():
             inflight.append(pool.submit(encode_batch, batch))

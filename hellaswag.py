@@ -154,35 +154,52 @@ def pack(ctx, ends):
     return tokens, pos, group, np.array([before, targets, owner], dtype=np.int64).T
 
 
-def lengths(rows, most=SHAPES):
-    """At most `most` padded row lengths for rows of these lengths: multiples of BUCKET at their quantiles,
-    the last the longest. Few shapes: few compiled kernels and attention plans, for little padding."""
-    ordered = sorted(rows)
-    edges = {ordered[-(-len(ordered) * k // most) - 1] for k in range(1, most + 1)}
-    return sorted({-(-e // BUCKET) * BUCKET for e in edges})
+def padded_lengths(longest, most=SHAPES):
+    """Each batch's padded length, given its longest row (nondecreasing: the rows are sorted): multiples of
+    BUCKET, at most `most` different ones, each batch padded to its group's longest, the groups of consecutive
+    batches chosen to pad the fewest tokens (dynamic programming). Few shapes: few compiled kernels and
+    attention plans."""
+    m = [-(-n // BUCKET) * BUCKET for n in longest]
+    prefix = np.concatenate([[0], np.cumsum(m)])
+    cost = [[0] + [math.inf] * len(m)]  # cost[g][j]: the least padding of the first j batches in g groups
+    start = [[0] * (len(m) + 1)]  # where the last of those g groups starts
+    for _ in range(most):
+        row, first = [0] + [math.inf] * len(m), [0] * (len(m) + 1)
+        for j in range(1, len(m) + 1):
+            for i in range(j + 1):  # batches i .. j-1 padded to m[j-1] (i == j: an empty group)
+                c = cost[-1][i] + (m[j - 1] * (j - i) - (prefix[j] - prefix[i]) if i < j else 0)
+                if c < row[j]:
+                    row[j], first[j] = c, i
+        cost.append(row)
+        start.append(first)
+    out, j = list(m), len(m)
+    for g in range(most, 0, -1):
+        i = start[g][j]
+        out[i:j] = [m[j - 1]] * (j - i)
+        j = i
+    return out
 
 
 class Prepared:
     """HellaSwag examples as one rank's batches, tokenized and packed once (a training run prepares them
     once for all its evaluations): each example is one row (pack), rows sorted by length, batch_size rows a
-    batch padded to one of at most SHAPES lengths (lengths), and every rank has the same number of
+    batch padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same number of
     batches (under FSDP each forward is collective): a rank with fewer examples gets padding rows it does
     not count. Rank r of world_size has examples r, r + world_size, ... The arrays are in (pinned, on CUDA)
     host memory, copied to the device batch by batch without waiting."""
 
     def __init__(self, examples, rt, batch_size):
         self.batch_size = batch_size
-        encoded = encode_all(examples, get_encoding())
-        # the same shapes on every rank, from every example's length (its context's and endings' tokens)
-        shapes = lengths([len(ctx) + sum(map(len, ends)) for ctx, ends in encoded])
         mine = list(range(rt.rank, len(examples), rt.world_size))
-        packed = {i: pack(*encoded[i]) for i in mine}
+        packed = {i: pack(*e) for i, e in zip(mine, encode_all([examples[i] for i in mine], get_encoding()))}
         mine.sort(key=lambda i: len(packed[i][0]))
         most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
+        batches = [mine[start:start + batch_size] for start in range(0, most, batch_size)]
+        real = [b for b in batches if b]  # the rest: padding batches, for ranks with fewer examples
+        shapes = padded_lengths([max(len(packed[i][0]) for i in b) for b in real])
+        shapes += [shapes[0] if shapes else BUCKET] * (len(batches) - len(real))
         self.batches, parts, at = [], [], 0  # batches: (where its arrays are in self.data, their shapes, ids)
-        for start in range(0, most, batch_size):
-            batch = mine[start:start + batch_size]
-            L = next(s for s in shapes if s >= max([len(packed[i][0]) for i in batch], default=1))
+        for batch, L in zip(batches, shapes):
             rows = np.zeros((3, batch_size, L), dtype=np.int64)  # tokens, pos, group
             rows[2] = -2  # padding
             for b, i in enumerate(batch):

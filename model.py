@@ -313,7 +313,7 @@ class Decoder:
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                self.logits = self.fn(self.tok, self.pos, self.cache)  # its output buffer, rewritten by replays
+                self.logits = self.fn(self.tok, self.pos, self.cache)  # its output: rewritten by each replay
         self.graph.replay()
         return self.logits
 

@@ -363,8 +363,8 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag's batches or None) for this rank. HellaSwag is tokenized and packed
-    here, once for every evaluation of the run, in batches of rows of <= 336 tokens that hold about a
+    """(train loader, val loader, HellaSwag's batches or None) for this rank. HellaSwag is tokenized and
+    packed here, once for every evaluation of the run, in batches of rows of <= 336 tokens that hold about a
     micro-batch of tokens."""
     args = (s.B, s.T, rt.rank, rt.world_size)
     train = DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)

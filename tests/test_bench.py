@@ -29,7 +29,8 @@ def test_bench_cpu_smoke(tmp_path):
                                            "+ vocab 50304", "+ fused AdamW"]
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
-    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \| [\d.]+x \| (\d+)% \|", report, re.M)
+    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \| [\d.]+x \| (\d+)% \|", report,
+                           re.M)
     assert [(b, n) for b, n, *_ in generated] == [("1", "32"), ("4", "32")]
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert "accounting.py estimate" in report

@@ -140,6 +140,24 @@ def test_resume_after_crash_between_write_and_rename(tmp_path, monkeypatch):
     assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
 
 
+def processes():
+    """(pid, parent pid, state) of every process, from /proc (Linux)."""
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:  # ended meanwhile
+            continue
+        out.append((int(stat.split("/")[2]), int(fields[1]), fields[0]))
+    return out
+
+
+def running():
+    """The pids of processes that have not ended (an ended one nobody has reaped yet is a zombie, Z)."""
+    return {pid for pid, _, state in processes() if state != "Z"}
+
+
 def test_resume_after_sigkill(tmp_path):
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     rng = np.random.default_rng(0)
@@ -156,8 +174,19 @@ def test_resume_after_sigkill(tmp_path):
                          stderr=subprocess.DEVNULL, start_new_session=True)
     while len(glob.glob(str(out / "*.bin"))) < 3 and p.poll() is None:
         time.sleep(0.01)
-    os.killpg(p.pid, signal.SIGKILL)
+
+    # the parent alone, as the OOM killer would: its tokenizer processes must not outlive it
+    children = [pid for pid, ppid, _ in processes() if ppid == p.pid]
+    assert children  # --workers 2
+    os.kill(p.pid, signal.SIGKILL)
     p.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(pid in running() for pid in children):
+        time.sleep(0.1)
+    left = [pid for pid in children if pid in running()]
+    if left:  # so that a failure leaves nothing running
+        os.killpg(p.pid, signal.SIGKILL)
+    assert not left, f"tokenizer processes {left} outlived their killed parent"
     written = shards_of(out)
     assert 3 <= len(written) < len(expected)  # killed part way
     for path in written:  # every file under a shard's name is complete and identical to the clean run

@@ -250,3 +250,42 @@ def test_offline_hellaswag_in_training_names_its_setting(tmp_path, monkeypatch, 
     with pytest.raises(UserError, match=r"offline, pass a local copy of hellaswag_val.jsonl "
                                         r"\(github.com/rowanz/hellaswag\) with --hellaswag_data$"):
         train_gpt2.main(TINY + [f"--data_root={text}", "--hellaswag=5", f"--log_dir={tmp_path / 'log'}"])
+
+
+def test_a_training_run_tokenizes_hellaswag_once(tmp_path, monkeypatch, text):
+    """train_gpt2.py tokenizes and packs HellaSwag once, at start-up, for all its evaluations (here 3: steps
+    2, 4 and 6), each of which scores every example."""
+    import train_gpt2
+    from conftest import TINY, records
+    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(9)])
+    calls = []
+    real = hellaswag.encode_all
+    monkeypatch.setattr(hellaswag, "encode_all", lambda examples, enc: calls.append(1) or real(examples, enc))
+    log = tmp_path / "log"
+    assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=6", "--eval_interval=2",
+                                   "--checkpoint_interval=6", "--hellaswag=9", f"--hellaswag_data={data}",
+                                   f"--log_dir={log}"]) == 0
+    assert [(r["step"], r["hellaswag_n"]) for r in records(log) if "hellaswag" in r] == [(2, 9), (4, 9), (6, 9)]
+    assert len(calls) == 1
+
+
+def test_padded_lengths_are_few_and_pad_the_least():
+    """At most `most` lengths, each batch padded to one at or above its longest row, and no other grouping of
+    consecutive batches pads fewer tokens (all of them tried)."""
+    import itertools
+    import random
+    random.seed(0)
+
+    def padding(lengths, longest):
+        return sum(p - -(-n // hellaswag.BUCKET) * hellaswag.BUCKET for p, n in zip(lengths, longest))
+
+    for _ in range(100):
+        longest, most = sorted(random.randint(1, 300) for _ in range(random.randint(1, 8))), random.randint(1, 4)
+        got = hellaswag.padded_lengths(longest, most)
+        assert len(set(got)) <= most and all(p >= n and p % hellaswag.BUCKET == 0 for p, n in zip(got, longest))
+        least = min(padding([max(-(-n // 8) * 8 for n in longest[i:j]) for i, j in zip(b, b[1:])
+                             for _ in range(i, j)], longest)
+                    for k in range(min(most, len(longest)))
+                    for cuts in itertools.combinations(range(1, len(longest)), k)
+                    for b in [(0, *cuts, len(longest))])
+        assert padding(got, longest) == least

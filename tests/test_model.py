@@ -744,7 +744,8 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     assert rt.dtype == ("fp16" if capability < (8, 0) else "bf16") and rt.notes == []
     assert calls[:2] == [("set_device", "cuda:1"), "high"] and set(calls[2:]) == {("capability", "cuda:1")}
     # the steps' collectives wait the timeout given; the patient group, for checkpoint files, 30 minutes (NCCL
-    # would abort the ranks waiting for a checkpoint after its default 10 minutes); NCCL is told the rank's GPU
+    # would abort the ranks waiting for a checkpoint after its default 10 minutes); NCCL is told the rank's
+    # GPU
     assert groups == [(("nccl",), {"timeout": datetime.timedelta(seconds=300),
                                    "device_id": torch.device("cuda:1")}),
                       ((), {"timeout": datetime.timedelta(minutes=30)})] and rt.patient == "patient"

@@ -75,6 +75,17 @@ def test_sample_matches_generate_and_is_seeded(checkpoint):
     assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
 
 
+def test_sample_compiled_gives_the_eager_texts(checkpoint, monkeypatch):
+    """compile=True (sample.py's default on CUDA): a warm-up call, timed apart, then the same texts as eager
+    decoding for the same seed. Dynamo with its eager backend (inductor would take a minute on 2 cores)."""
+    import functools
+    _, model = checkpoint
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    eager, _, no_warm_up = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
+    compiled, tok_s, warm_up = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime(), compile=True)
+    assert compiled == eager and no_warm_up == 0 and warm_up > 0 and tok_s > 0
+
+
 def test_sample_errors(tmp_path, monkeypatch, capsys):
     """A missing checkpoint: one line (through the entry point); an unknown model name or prompt file: the
     same UserError in-process."""
