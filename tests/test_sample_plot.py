@@ -212,3 +212,17 @@ def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, refere
     monkeypatch.setattr(sys, "argv", ["plot.py", "--report", f"--log={log / 'metrics.jsonl'}"])
     plot.main()
     assert (log / "report.md").read_text() == written
+
+
+def test_sample_cli_where_compile_cannot_work(checkpoint):
+    """--compile=True where inductor cannot work (here: no C++ compiler): one NOTE, then eager decoding, the
+    same texts as --compile=False."""
+    import os
+    path, _ = checkpoint
+    args = ["--model", path, "--prompt", "To be", "--num_samples", "2", "--max_new_tokens", "8",
+            "--device", "cpu"]
+    r = script("sample.py", *args, "--compile=True", env={**os.environ, "CXX": "/nonexistent/g++"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("NOTE: torch.compile does not work here (") and "(eager)" in r.stdout
+    eager = script("sample.py", *args, "--compile=False")
+    assert eager.stdout.split("-" * 80)[:2] == r.stdout.split("\n", 1)[1].split("-" * 80)[:2]
