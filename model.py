@@ -80,8 +80,8 @@ class KVCache:
     A forward with a cache writes its tokens' keys and values at their positions (GPT.forward's pos, a
     device tensor) and attends over the whole cache with a mask, so every decode step has the same shapes:
     one compiled graph, one CUDA graph, one attention plan, and no position read back to the host. A tensor
-    a layer, not one for all: compiled, each write then goes into its own input in place (a write into a view
-    of one shared tensor was copied whole)."""
+    a layer, not one for all: compiled, each write then goes into its input in place (into one shared tensor,
+    Inductor's code copied every layer's slice and wrote the whole cache back, every step)."""
 
     def __init__(self, config, batch_size, dtype=torch.float32, device="cpu"):
         shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
