@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, pretrained_config
+import hf_gpt2
+from model import GPT, GPTConfig
 from errors import UserError, command_line, find_cause, first_line, main_guard
 from runtime import broadcast_object, print0, stop_everywhere
 
@@ -166,14 +167,14 @@ def load_model(spec):
         model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model
-    return GPT.from_pretrained(spec)
+    return hf_gpt2.from_pretrained(spec)
 
 
 def model_config(spec):
     """The GPTConfig (a dict) of load_model(spec), read without loading or verifying the weights: a
     checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape."""
     if not spec.endswith(".pt"):
-        return dataclasses.asdict(pretrained_config(spec))
+        return dataclasses.asdict(hf_gpt2.pretrained_config(spec))
     if not os.path.isfile(spec):
         raise CheckpointError(f"checkpoint {spec} does not exist")
     try:  # memory-mapped: only the config is read
@@ -483,7 +484,7 @@ def main():
     if args.hf:
         if os.path.isfile(args.hf):
             raise UserError(f"--hf {args.hf} is a file: give a folder")
-        model.save_pretrained(args.hf)
+        hf_gpt2.save_pretrained(model, args.hf)
         print(f"wrote {args.hf}: {', '.join(sorted(os.listdir(args.hf)))}")
 
 

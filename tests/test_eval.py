@@ -15,6 +15,7 @@ from checkpoint import checkpoints
 from errors import UserError
 from conftest import DOCS, ROOT, hellaswag_example, records, save_model, train, write_jsonl
 from dataloader import load_shard
+import hf_gpt2
 from model import GPT, GPTConfig
 from tokenizer import EOT, get_encoding
 
@@ -32,7 +33,7 @@ def setup(tmp_path_factory):
     fineweb.main(str(d / "corpus.jsonl"), str(d / "shards"), "text", 400, "t", 2)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=2, n_head=2, n_embd=32)).eval()
-    model.save_pretrained(d / "hf")
+    hf_gpt2.save_pretrained(model, d / "hf")
     save_model(model, d / "model_000007.pt", step=7)
     data = write_jsonl(d / "hs.jsonl", [hellaswag_example(i) for i in range(5)])
     return d, model, data

@@ -75,12 +75,13 @@ try:
     raise SystemExit("triton importable")
 except ImportError:
     pass
+import hf_gpt2
 from model import GPT, GPTConfig
 torch.manual_seed(0)
 m = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
-m.save_pretrained({str(tmp_path / 'export')!r})
+hf_gpt2.save_pretrained(m, {str(tmp_path / 'export')!r})
 hf = transformers.GPT2LMHeadModel.from_pretrained({str(tmp_path / 'export')!r}).eval()
-back = GPT.from_pretrained({str(tmp_path / 'export')!r}).eval()
+back = hf_gpt2.from_pretrained({str(tmp_path / 'export')!r}).eval()
 x = torch.randint(0, 50257, (2, 64))
 with torch.no_grad():
     ours = m(x)[0][..., :50257]

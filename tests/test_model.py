@@ -11,6 +11,7 @@ import torch
 
 from accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
 from conftest import ROOT, assert_one_line_error, script
+import hf_gpt2
 import model
 from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
 from errors import UserError
@@ -177,7 +178,7 @@ def test_modern_options():
     assert torch.equal(m.transformer.h[0].mlp.act(h), torch.relu(h) ** 2)
     with pytest.raises(UserError, match="rotary=True, qk_norm=True, relu2=True, untied_head=True, "
                        "rmsnorm=True, embed_norm=True: Hugging Face GPT-2 has no such option"):
-        m.save_pretrained("/nonexistent")
+        hf_gpt2.save_pretrained(m, "/nonexistent")
     # embed_norm: what enters the first block does not depend on the embeddings' scale
     m = trained_modern()
     logits, _ = m.eval()(x)
@@ -462,7 +463,7 @@ def test_from_pretrained_local_dir_matches_hf(tmp_path):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=64)).eval()
     hf.save_pretrained(tmp_path)
-    m = GPT.from_pretrained(str(tmp_path)).eval()
+    m = hf_gpt2.from_pretrained(str(tmp_path)).eval()
     assert (m.config.vocab_size, m.config.block_size, m.config.n_layer) == (300, 64, 2)
     x = torch.randint(0, 300, (2, 64))
     with torch.no_grad():
@@ -471,13 +472,13 @@ def test_from_pretrained_local_dir_matches_hf(tmp_path):
 
 def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
     m = build(tiny(block_size=64, vocab_size=50304))  # vocab padded
-    m.save_pretrained(tmp_path)
+    hf_gpt2.save_pretrained(m, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert hf.config.vocab_size == GPT2_VOCAB
     x = torch.randint(0, GPT2_VOCAB, (2, 64))
     with torch.no_grad():
         assert (m(x)[0][..., :GPT2_VOCAB] - hf(x).logits).abs().max() <= 1e-4
-    back = GPT.from_pretrained(str(tmp_path)).eval()  # and round trip
+    back = hf_gpt2.from_pretrained(str(tmp_path)).eval()  # and round trip
     with torch.no_grad():
         assert (back(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
@@ -503,8 +504,8 @@ def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
         return str(tmp_path / "openai" / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(model, "hub_online", lambda: True)
-    m = GPT.from_pretrained("gpt2").eval()
+    monkeypatch.setattr(hf_gpt2, "hub_online", lambda: True)
+    m = hf_gpt2.from_pretrained("gpt2").eval()
     assert calls == [("openai-community/gpt2", "config.json", False),
                      ("openai-community/gpt2", "model.safetensors", False)]
     x = torch.randint(0, 300, (2, 16))
@@ -514,7 +515,8 @@ def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
     torch.save(hf.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
     shutil.copy(tmp_path / "openai" / "config.json", tmp_path / "bin")
     with torch.no_grad():
-        assert (GPT.from_pretrained(str(tmp_path / "bin")).eval()(x)[0] - hf(x).logits).abs().max() <= 1e-4
+        ours = hf_gpt2.from_pretrained(str(tmp_path / "bin")).eval()
+        assert (ours(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
 
 def test_import_export_need_no_transformers(tmp_path):
@@ -522,10 +524,11 @@ def test_import_export_need_no_transformers(tmp_path):
     block = tmp_path / "block" / "transformers"
     block.mkdir(parents=True)
     (block / "__init__.py").write_text("raise ImportError('transformers is blocked in this test')\n")
-    code = ("import torch; from model import GPT, GPTConfig; torch.manual_seed(0)\nm = "
+    code = ("import torch, hf_gpt2; from model import GPT, GPTConfig; torch.manual_seed(0)\nm = "
             "GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, "
-            f"n_embd=32)).eval()\nm.save_pretrained({str(tmp_path / 'out')!r}); b = "
-            f"GPT.from_pretrained({str(tmp_path / 'out')!r})\nx = torch.randint(0, 50257, (1, 16))\nassert "
+            f"n_embd=32)).eval()\nhf_gpt2.save_pretrained(m, {str(tmp_path / 'out')!r}); b = "
+            f"hf_gpt2.from_pretrained({str(tmp_path / 'out')!r})\nx = torch.randint(0, 50257, (1, 16))\n"
+            "assert "
             "torch.equal(m(x)[0][..., :50257], b.eval()(x)[0]) and b.config.vocab_size == 50257\nimport sys; "
             "assert 'transformers' not in sys.modules; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -550,21 +553,21 @@ def test_offline_name_is_one_line(tmp_path):
 
 def test_hf_errors(tmp_path):
     with pytest.raises(UserError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
-        GPT.from_pretrained("gpt3")
+        hf_gpt2.from_pretrained("gpt3")
     with pytest.raises(UserError, match="config.json does not exist"):
-        GPT.from_pretrained(str(tmp_path))
-    build(tiny()).save_pretrained(tmp_path / "ok")
+        hf_gpt2.from_pretrained(str(tmp_path))
+    hf_gpt2.save_pretrained(build(tiny()), tmp_path / "ok")
     path = tmp_path / "ok" / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(UserError, match="model.safetensors is damaged"):
-        GPT.from_pretrained(str(tmp_path / "ok"))
+        hf_gpt2.from_pretrained(str(tmp_path / "ok"))
     with pytest.raises(UserError, match="multi-query"):
-        build(tiny(n_kv_head=1)).save_pretrained(tmp_path)
+        hf_gpt2.save_pretrained(build(tiny(n_kv_head=1)), tmp_path)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=8, activation_function="relu"))
     hf.save_pretrained(tmp_path / "relu")
     with pytest.raises(UserError, match="activation_function='relu'"):
-        GPT.from_pretrained(str(tmp_path / "relu"))
+        hf_gpt2.from_pretrained(str(tmp_path / "relu"))
 
 
 # ---------------------------------------------------------------------------------------------- accounting
