@@ -14,16 +14,14 @@ import dataclasses
 import errno
 import glob
 import hashlib
-import json
 import os
 import shutil
-import socket
-import time
 
 import torch
 
 import hf_gpt2
 from model import GPT, GPTConfig
+from runlog import evaluated, nearest_existing, truncate_log
 from errors import UserError, command_line, find_cause, first_line, main_guard
 from runtime import broadcast_object, print0, stop_everywhere
 
@@ -113,14 +111,6 @@ def size(n):
 def free_space(path):
     """Free bytes on the disk that holds path (or, while it does not exist, its nearest existing parent)."""
     return shutil.disk_usage(nearest_existing(path)).free
-
-
-def nearest_existing(path):
-    """path if it exists, else its nearest parent that does: where a folder not yet made will be."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    return path
 
 
 def load_checkpoint(path):
@@ -268,52 +258,6 @@ def save_run(s, rt, step, model, optimizers, scaler, loader, elapsed):
     return f"{name} (step {step})"
 
 
-# ------------------------------------------------------------------------------------------------ log_dir
-
-HELD = {}  # log_dir -> its lock, held until this process ends (the OS releases it however it ends)
-
-
-def hold_log_dir(log_dir, rt, create=False):
-    """Rank 0 locks log_dir for this run: a second run into it would resume from the first's live checkpoint
-    and both would write one log; it is refused in one line naming the first. Called before the resume (if
-    log_dir exists; if not, its parent must be writable) and again when the run creates log_dir
-    (create=True), so a refused run leaves no empty log_dir behind and two runs starting together into a new
-    one still meet. A log_dir that cannot be written is one line, before any model is built. Every rank must
-    call it."""
-    stop_everywhere(lock(log_dir, create) if rt.master and log_dir not in HELD else None, rt)
-
-
-def lock(log_dir, create):
-    """Rank 0's part of hold_log_dir: the line to stop with, or None."""
-    fix = "make it writable or choose another --log_dir"
-    if not create and not os.path.isdir(log_dir):
-        parent = nearest_existing(os.path.dirname(os.path.abspath(log_dir)))
-        if os.access(parent, os.W_OK):
-            return None
-        return (f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no "
-                f"permission): {fix}")
-    from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
-    owner = os.path.join(log_dir, ".owner")
-    try:
-        os.makedirs(log_dir, exist_ok=True)
-        held = FileLock(os.path.join(log_dir, ".lock"))
-        held.acquire(timeout=0)
-        with open(owner, "w") as f:
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
-    except Timeout:
-        try:
-            with open(owner) as f:
-                other = f.read().strip()
-        except OSError:
-            other = ""
-        return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or "
-                "stop it, or choose another --log_dir")
-    except OSError as e:  # a read-only mount, no permission, a full disk
-        return f"--log_dir={log_dir} cannot be written ({e.strerror}): {fix}"
-    HELD[log_dir] = held
-    return None
-
-
 # ------------------------------------------------------------------------------------------------ resume
 
 # A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
@@ -343,35 +287,6 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
     if saved_world != world_size:
         notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
     return s, notes
-
-
-def log_lines(path):
-    """(line, its record) of each line of a metrics.jsonl, the record None where the line is not JSON (a
-    half-written last line); nothing if there is no log yet."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        for line in f:
-            try:
-                yield line, json.loads(line)
-            except json.JSONDecodeError:
-                yield line, None
-
-
-def truncate_log(path, step):
-    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
-    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
-    keep, dropped = [], 0
-    for line, record in log_lines(path):
-        if record is None or record.get("step", 0) > step:
-            dropped += 1
-        else:
-            keep.append(line if line.endswith("\n") else line + "\n")
-    if dropped:
-        with open(path + ".tmp", "w") as f:
-            f.writelines(keep)
-        os.replace(path + ".tmp", path)
-    return dropped
 
 
 class Resume:
@@ -458,12 +373,6 @@ def find_resume(s, given, rt, metrics_path):
             print0(f"NOTE: dropped {dropped} records after step {meta['step']} from {metrics_path} (the "
                    f"interrupted attempt's, redone now)")
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
-
-
-def evaluated(metrics_path, step):
-    """Whether metrics.jsonl holds the validation record of `step`."""
-    return any(record is not None and record.get("step") == step and "val_loss" in record
-               for _, record in log_lines(metrics_path))
 
 
 # --------------------------------------------------------------------------------------------- command line

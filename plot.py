@@ -15,6 +15,7 @@ import os
 
 from accounting import duration
 from errors import UserError, command_line, main_guard
+from runlog import read_log
 
 # Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
 # (n_layer, n_embd) they match; no figure for a size where none was published.
@@ -30,27 +31,6 @@ REFERENCES = {
         ("OpenAI GPT-2 1558M", 0.4893)],
 }
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
-
-
-def read_log(path):
-    """The records of a train_gpt2.py metrics.jsonl, in order."""
-    if not os.path.isfile(path):
-        raise UserError(f"training log {path} does not exist (train_gpt2.py writes "
-                        "LOG_DIR/metrics.jsonl)")
-    with open(path) as f:
-        lines = f.read().split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # the line being written by a live run
-                continue
-            raise UserError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
-                            "metrics.jsonl?") from None
-    return records
 
 
 def load_metrics(path, records=None):

@@ -25,15 +25,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
 from accounting import Clock, duration, mfu, peak_flops, training_memory
-from checkpoint import (MODEL, find_resume, hold_log_dir, load_model, model_config, save_run, space_note,
-                        weights_shape)
+from checkpoint import MODEL, find_resume, load_model, model_config, save_run, space_note, weights_shape
 from dataloader import DataLoaderLite, make_shards
 from errors import UserError, check_range
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
 from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import make_optimizers
 from plot import write_report
-from trackers import TRACKERS, open_trackers
+from runlog import RunLog, hold_log_dir
+from trackers import TRACKERS
 from runtime import autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
@@ -497,57 +497,6 @@ def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, g
 
 # ------------------------------------------------------------------------------------------------------------
 # the run's log (metrics.jsonl: one JSON record per line, rank 0 writes) and what it prints
-
-WRITE_FIX = ("make room there (or make it writable) and rerun the same command: it resumes from the newest "
-             "checkpoint")
-
-
-class RunLog:
-    """The run's log: metrics.jsonl, which rank 0 appends to (a resumed run continues it), and the trackers
-    (TensorBoard, W&B) that get the same records, opened by log_start and closed when the with-block that
-    holds the log ends."""
-
-    def __init__(self, path, rt):
-        self.path, self.rt, self.trackers = path, rt, []
-
-    def append(self, records):
-        """Rank 0 appends the records. Returns the line to stop with if it cannot (a full disk, a log_dir gone
-        read-only), else None; the other ranks return None."""
-        if not runtime.is_rank0():
-            return None
-        try:
-            with open(self.path, "a") as f:
-                f.write("".join(json.dumps(record) + "\n" for record in records))
-        except OSError as e:
-            return f"could not append to {self.path} ({e.strerror}): {WRITE_FIX}"
-        for tracker in self.trackers:
-            for record in records:
-                if "event" not in record:  # the start record is their config
-                    tracker.write(record)
-        return None
-
-    def log(self, records):
-        """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
-        runtime.stop_everywhere(self.append(records), self.rt)
-
-    def open_trackers(self, names, log_dir, start):
-        """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""
-        error = None
-        if runtime.is_rank0():
-            try:
-                self.trackers = open_trackers(names, log_dir, start)
-            except UserError as e:
-                error = str(e)
-        runtime.stop_everywhere(error, self.rt)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for tracker in self.trackers:
-            tracker.close()
-        self.trackers = []
-
 
 def agree(stop, error, rt):
     """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log

@@ -112,8 +112,10 @@ def script(name, *args, env=None):
 
 
 def records(log_dir):
-    with open(os.path.join(log_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    """The records of log_dir/metrics.jsonl, through its one reader (a live run's half-written line is left
+    out)."""
+    from runlog import read_log
+    return read_log(os.path.join(log_dir, "metrics.jsonl"))
 
 
 def losses(log_dir):

@@ -118,7 +118,8 @@ def test_a_log_that_cannot_be_appended_to_is_one_line(tmp_path, monkeypatch, tex
             if len(writes) > 3:  # the start record, steps 1 and 2
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
-    monkeypatch.setattr(train_gpt2, "open", fails, raising=False)
+    import runlog
+    monkeypatch.setattr(runlog, "open", fails, raising=False)  # the log's one writer
     args = TINY + [f"--data_root={text}", "--max_steps=4", "--checkpoint_interval=2", "--eval_interval=100",
                    f"--log_dir={tmp_path}"]
     with pytest.raises(UserError, match=f"^could not append to {tmp_path / 'metrics.jsonl'} \\(No space left "

@@ -205,7 +205,8 @@ def test_a_stopped_worker_times_out_and_torchrun_restarts_the_run(runs, tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "--max-restarts=2",
            SCRIPT] + args(text, data, log) + ["--fsdp=True", "--collective_timeout=3"]
-    env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # docs/model.md: a stale store can hang the restart
+    # docs/model.md: a stale store can hang the restart
+    env = {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     agent = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     try:

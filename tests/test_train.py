@@ -607,8 +607,9 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     with pytest.raises(UserError, match=f"--n_layer=3, but {weights} has n_layer=2: the weights decide"):
         train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
     torch.manual_seed(0)
-    hf = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16))
-    hf.save_pretrained(tmp_path / "hf")
+    import hf_gpt2
+    hf_gpt2.save_pretrained(GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)),
+                            tmp_path / "hf")
     with pytest.raises(UserError, match=f"T=128, but {tmp_path / 'hf'} has 64 positions \\(block_size\\): "
                                         "use --T=64 or less"):
         train_gpt2.main(args[:-3] + ["--T=128", "--total_batch_size=512", f"--init_from={tmp_path / 'hf'}",

@@ -1,0 +1,177 @@
+"""A run's log_dir and its log: the lock that lets one run at a time into a log_dir, and metrics.jsonl (one
+JSON record per line, rank 0 appends): RunLog, its one writer (also feeding TensorBoard and W&B), and its
+readers (read_log for plot.py, report.md and the checks; log_lines for the resume, which trims what a failed
+attempt wrote after its checkpoint).
+"""
+import json
+import os
+import socket
+import time
+
+import runtime
+from errors import UserError
+from runtime import stop_everywhere
+from trackers import open_trackers
+
+
+# ------------------------------------------------------------------------------------------------ log_dir
+
+HELD = {}  # log_dir -> its lock, held until this process ends (the OS releases it however it ends)
+
+
+def nearest_existing(path):
+    """path if it exists, else its nearest parent that does: where a folder not yet made will be."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def hold_log_dir(log_dir, rt, create=False):
+    """Rank 0 locks log_dir for this run: a second run into it would resume from the first's live checkpoint
+    and both would write one log; it is refused in one line naming the first. Called before the resume (if
+    log_dir exists; if not, its parent must be writable) and again when the run creates log_dir
+    (create=True), so a refused run leaves no empty log_dir behind and two runs starting together into a new
+    one still meet. A log_dir that cannot be written is one line, before any model is built. Every rank must
+    call it."""
+    stop_everywhere(lock(log_dir, create) if rt.master and log_dir not in HELD else None, rt)
+
+
+def lock(log_dir, create):
+    """Rank 0's part of hold_log_dir: the line to stop with, or None."""
+    fix = "make it writable or choose another --log_dir"
+    if not create and not os.path.isdir(log_dir):
+        parent = nearest_existing(os.path.dirname(os.path.abspath(log_dir)))
+        if os.access(parent, os.W_OK):
+            return None
+        return (f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no "
+                f"permission): {fix}")
+    from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
+    owner = os.path.join(log_dir, ".owner")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        held = FileLock(os.path.join(log_dir, ".lock"))
+        held.acquire(timeout=0)
+        with open(owner, "w") as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
+    except Timeout:
+        try:
+            with open(owner) as f:
+                other = f.read().strip()
+        except OSError:
+            other = ""
+        return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or "
+                "stop it, or choose another --log_dir")
+    except OSError as e:  # a read-only mount, no permission, a full disk
+        return f"--log_dir={log_dir} cannot be written ({e.strerror}): {fix}"
+    HELD[log_dir] = held
+    return None
+
+
+# ------------------------------------------------------------------------------------------ metrics.jsonl
+
+WRITE_FIX = ("make room there (or make it writable) and rerun the same command: it resumes from the newest "
+             "checkpoint")
+
+
+class RunLog:
+    """The run's log: metrics.jsonl, which rank 0 appends to (a resumed run continues it), and the trackers
+    (TensorBoard, W&B) that get the same records, opened by log_start and closed when the with-block that
+    holds the log ends."""
+
+    def __init__(self, path, rt):
+        self.path, self.rt, self.trackers = path, rt, []
+
+    def append(self, records):
+        """Rank 0 appends the records. Returns the line to stop with if it cannot (a full disk, a log_dir gone
+        read-only), else None; the other ranks return None."""
+        if not runtime.is_rank0():
+            return None
+        try:
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps(record) + "\n" for record in records))
+        except OSError as e:
+            return f"could not append to {self.path} ({e.strerror}): {WRITE_FIX}"
+        for tracker in self.trackers:
+            for record in records:
+                if "event" not in record:  # the start record is their config
+                    tracker.write(record)
+        return None
+
+    def log(self, records):
+        """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
+        runtime.stop_everywhere(self.append(records), self.rt)
+
+    def open_trackers(self, names, log_dir, start):
+        """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""
+        error = None
+        if runtime.is_rank0():
+            try:
+                self.trackers = open_trackers(names, log_dir, start)
+            except UserError as e:
+                error = str(e)
+        runtime.stop_everywhere(error, self.rt)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+
+
+def log_lines(path):
+    """(line, its record) of each line of a metrics.jsonl, the record None where the line is not JSON (a
+    half-written last line); nothing if there is no log yet."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        for line in f:
+            try:
+                yield line, json.loads(line)
+            except json.JSONDecodeError:
+                yield line, None
+
+
+def truncate_log(path, step):
+    """Drop the records after `step` from a metrics.jsonl (those of an attempt that died before its next
+    checkpoint), and a half-written last line, so the log holds one record per step: the resumed run's."""
+    keep, dropped = [], 0
+    for line, record in log_lines(path):
+        if record is None or record.get("step", 0) > step:
+            dropped += 1
+        else:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        with open(path + ".tmp", "w") as f:
+            f.writelines(keep)
+        os.replace(path + ".tmp", path)
+    return dropped
+
+
+def evaluated(metrics_path, step):
+    """Whether metrics.jsonl holds the validation record of `step`."""
+    return any(record is not None and record.get("step") == step and "val_loss" in record
+               for _, record in log_lines(metrics_path))
+
+
+def read_log(path):
+    """The records of a train_gpt2.py metrics.jsonl, in order."""
+    if not os.path.isfile(path):
+        raise UserError(f"training log {path} does not exist (train_gpt2.py writes "
+                        "LOG_DIR/metrics.jsonl)")
+    with open(path) as f:
+        lines = f.read().split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # the line being written by a live run
+                continue
+            raise UserError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
+                            "metrics.jsonl?") from None
+    return records
