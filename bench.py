@@ -239,7 +239,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
                 t0 = time.perf_counter()
                 model.generate(idx, 2, top_k=1, compile=compile)
                 synchronize(device)
-                warm, _ = f"{time.perf_counter() - t0:.1f} s", warmed.add(batch)
+                warm = f"{time.perf_counter() - t0:.1f} s"
+                warmed.add(batch)
             for use_cache in (True, False):
                 for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
                     synchronize(device)

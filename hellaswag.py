@@ -221,8 +221,9 @@ class Prepared:
     def arrays(self, k, device):
         """Batch k's arrays on the device, copied from (pinned) host memory without waiting."""
         at, shapes, _ = self.batches[k]
-        flat = self.data[at:at + sum(math.prod(s) for s in shapes)].to(device, non_blocking=True)
-        return [part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
+        sizes = [math.prod(s) for s in shapes]
+        flat = self.data[at:at + sum(sizes)].to(device, non_blocking=True)
+        return [part.view(s) for part, s in zip(flat.split(sizes), shapes)]
 
 
 def attention_mask(group):
@@ -246,6 +247,9 @@ def evaluate(model, prepared, rt, progress=False):
     Under torchrun the counts are summed over ranks (one all-reduce).
     Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
     device = rt.device
+    # only a compiled model needs its shapes marked; without Dynamo loaded nothing here is compiled, and
+    # importing it would cost an eager evaluation seconds
+    compiled = "torch._dynamo" in sys.modules
     # per example: its label (-1: padding), the prediction by summed and by mean loss
     preds = torch.full((len(prepared.batches), prepared.batch_size, 3), -1, device=device)
     for k, (_, _, batch) in enumerate(tqdm(prepared.batches, desc="hellaswag", unit="batch",
@@ -253,11 +257,9 @@ def evaluate(model, prepared, rt, progress=False):
         tokens, pos, group, select, targets, owner, labels = prepared.arrays(k, device)
         attn_mask = attention_mask(group)
         # the lengths vary from batch to batch: under torch.compile one graph for all of them, compiled once,
-        # instead of one for the first length and a second, general one at the next. Only if Dynamo is loaded:
-        # without it nothing is compiled, and importing it would cost an eager evaluation seconds
-        for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))):
-            if "torch._dynamo" in sys.modules:
-                torch._dynamo.maybe_mark_dynamic(t, dims)
+        # instead of one for the first length and a second, general one at the next
+        for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))) if compiled else ():
+            torch._dynamo.maybe_mark_dynamic(t, dims)
         with autocast(device, rt.dtype):
             logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
         n = len(batch)

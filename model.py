@@ -261,6 +261,11 @@ def pick(logits, temperature, top_k, generator=None):
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
+def last_positions(B, T, device):
+    """(B,) the flat positions (b * T + T - 1) of each row's last token: forward's select, the head there."""
+    return torch.arange(B, device=device) * T + T - 1
+
+
 class Decoder:
     """Cached decoding of one batch size: its KVCache, and the decode step's input token and position as
     device tensors that each step overwrites. compile: the step (GPT.decode) through torch.compile with
@@ -282,8 +287,8 @@ class Decoder:
         same = B > 1 and torch.equal(idx, idx[:1].expand_as(idx))  # one host sync, before any decoding
         rows = 1 if same else B
         pos = torch.arange(T, device=idx.device)
-        last = torch.arange(rows, device=idx.device) * T + T - 1  # the head at each row's last position
-        logits, _ = self.model(idx[:rows], cache=self.cache.first_rows(rows), pos=pos, select=last)
+        logits, _ = self.model(idx[:rows], cache=self.cache.first_rows(rows), pos=pos,
+                               select=last_positions(rows, T, idx.device))
         if same:
             for buf in self.cache.k + self.cache.v:  # (B, n_kv, block_size, hs) each
                 buf[1:, :, :T] = buf[:1, :, :T]
@@ -468,21 +473,20 @@ class GPT(nn.Module):
                 logits = decoder.step(out[:, t - 1:t], t - 1)
             else:  # recompute, the context cropped to block_size
                 x = out[:, max(0, t - block_size):t]
-                last = torch.arange(B, device=x.device) * x.size(1) + x.size(1) - 1  # (B,) flat positions
-                logits, _ = self(x, select=last)  # (B, vocab_size)
+                logits, _ = self(x, select=last_positions(B, x.size(1), x.device))  # (B, vocab_size)
             out[:, t] = pick(logits, temperature, top_k, generator)
         return out
 
     def decoder(self, batch, device, compile):
-        """The Decoder for this batch size, device, compute dtype (autocast's, else the weights') and
+        """The Decoder for this batch size, device and compute dtype (autocast's, else the weights'); with
         compile, made at its first use and kept: a compiled step and its CUDA graph are made once."""
         kind = torch.device(device).type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
             self.lm_head.weight.dtype
-        key = (batch, str(device), dtype, compile)
+        if not compile:  # nothing to keep but memory: made anew each time
+            return Decoder(self, batch, dtype, device, compile)
         decoders = self.__dict__.setdefault("decoders", {})  # not a module attribute: no state_dict entry
+        key = (batch, str(device), dtype)
         if key not in decoders:
-            if not compile:  # nothing to keep but memory: made anew each time
-                return Decoder(self, batch, dtype, device, compile)
             decoders[key] = Decoder(self, batch, dtype, device, compile)
         return decoders[key]

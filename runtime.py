@@ -224,6 +224,13 @@ def compile_blocker(rt):
     return why
 
 
+def eager_note(why):
+    """The NOTE's sentence when compile_blocker found torch.compile unusable here (why): what runs instead
+    and the fix; train_gpt2.py and sample.py both say it."""
+    return (f"torch.compile does not work here ({why}); running eager. Install triton (GPU) or a C++ "
+            f"compiler (CPU), or set --compile=False to skip this check")
+
+
 def all_gather(obj):
     """[every rank's obj] (small picklable objects)."""
     out = [None] * dist.get_world_size()

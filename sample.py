@@ -79,8 +79,7 @@ def main():
         print(f"NOTE: {note}")
     compile = args.compile == "True" or (args.compile == "auto" and rt.kind == "cuda")
     if compile and (why := runtime.compile_blocker(rt)):
-        print(f"NOTE: torch.compile does not work here ({why}); decoding eager. Install triton (GPU) or a "
-              f"C++ compiler (CPU), or pass --compile=False to skip this check")
+        print(f"NOTE: {runtime.eager_note(why)}")
         compile = False
     # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
     model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()

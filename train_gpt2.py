@@ -200,8 +200,7 @@ def resolve(given, rt):
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
         cfg["compile"] = False
     elif cfg["compile"] and (why := runtime.compile_blocker(rt)):
-        notes.append(f"compile=True but torch.compile does not work here ({why}); running eager. Install "
-                     f"triton (GPU) or a C++ compiler (CPU), or set --compile=False to skip this check")
+        notes.append(f"compile=True but {runtime.eager_note(why)}")
         cfg["compile"] = False
     return Settings(**cfg), given, notes
 
@@ -496,7 +495,7 @@ def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, g
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the run's log (metrics.jsonl: one JSON record per line, rank 0 writes) and what it prints
+# what every rank must agree on after a step (runlog.RunLog writes the log)
 
 def agree(stop, error, rt):
     """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log
