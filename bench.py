@@ -42,7 +42,7 @@ from errors import UserError, check_range, command_line, main_guard
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
 from runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
-from train_gpt2 import make_train_step
+from train_gpt2 import Models, make_train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -72,9 +72,9 @@ def training_step(size, s, B, T, rt):
     model = build(size, s, rt.device)
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
     no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
-    step = make_train_step(torch.compile(model) if s["compile"] else model, model, opts, no_scaling,
-                           lambda last: contextlib.nullcontext(), rung, 1.0,
-                           chunked=rt.kind == "cpu" and not s["compile"])  # as train_gpt2.py decides it
+    compiled = torch.compile(model) if s["compile"] else model
+    models = Models(model, compiled, compiled, lambda last: contextlib.nullcontext(), s["compile"])
+    step = make_train_step(models, opts, no_scaling, rung, 1.0)
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
     return lambda: step(batch)
 

@@ -10,13 +10,12 @@ Shard file (.bin), llm.c's format so shards are interchangeable with it:
 Shards are written to a temporary name and renamed when complete: a file with a shard's name is whole.
 The loader also reads build-nanogpt's shards as they are: .npy files holding one uint16 array each.
 """
-import functools
 import glob
-import json
 import os
 
 import numpy as np
 
+from documents import DOCUMENT_FILES, tokenize_file
 from errors import UserError, first_line
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
@@ -98,85 +97,10 @@ def load_shard(path):
     return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
-def iter_jsonl(path):
-    """(where, row) for each non-blank line of a .jsonl file; where is "path:line" for error messages."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise UserError(f"{path}:{lineno}: not UTF-8 text ({e.reason}): convert the file") from None
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: not valid JSON ({e})") from None
-            yield f"{path}:{lineno}", row
-
-
-# ------------------------------------------------------------------------------------------------ documents
-
-DOCUMENT_FILES = (".jsonl", ".parquet", ".txt")  # what fineweb.py --input tokenizes and data_root reads
-
-
-def text_of(value, where):
-    if not isinstance(value, str):
-        raise UserError(f"{where}: a document's text is {type(value).__name__}, not str: check --text_field")
-    return value
-
-
-def field(row, text_field, where):
-    if text_field not in row:
-        raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
-    return text_of(row[text_field], where)
-
-
-def iter_file(path, text_field="text"):
-    """The documents' texts of one file: a .txt file is one document (an empty one none), a .jsonl file one
-    per line and a .parquet file one per row (their text_field)."""
-    if path.endswith(".txt"):
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
-                            "it elsewhere") from None
-        if text:
-            yield text
-    elif path.endswith(".jsonl"):
-        for where, row in iter_jsonl(path):
-            yield field(row, text_field, where)
-    elif path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # comes with datasets
-        pf = pq.ParquetFile(path)
-        if text_field not in pf.schema_arrow.names:
-            raise UserError(f"{path} has no column {text_field!r} (columns: "
-                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
-        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                yield text_of(value, path)
-    else:
-        raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files")
-
-
 def split_point(n):
     """Where a corpus of n tokens that fits in one shard is cut: the first 90% trains, the rest validates. A
     data_root file and fineweb.py's one-shard corpus use it alike, so both validate on the same tokens."""
     return int(0.9 * n)
-
-
-@functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
-def tokenize_file(path):
-    """A document file's tokens as fineweb.py writes them: each document <|endoftext|> then its GPT-2 tokens
-    (in memory, uint16, read-only)."""
-    from tokenizer import get_encoding
-    enc = get_encoding()
-    tokens = []
-    for text in iter_file(path):
-        tokens.append(enc.eot_token)
-        tokens.extend(enc.encode_ordinary(text))
-    tokens = np.array(tokens, dtype=np.uint16)
-    tokens.flags.writeable = False
-    return tokens
 
 
 def make_shards(out_dir):
@@ -184,6 +108,12 @@ def make_shards(out_dir):
     return (f"make them with `python fineweb.py --input YOUR_FILES --out_dir {out_dir}` (your own .txt, "
             f".jsonl or .parquet files) or `python fineweb.py --out_dir {out_dir}` (FineWeb-Edu, ~10B "
             "tokens)")
+
+
+def split_rows(data_root, split, T):
+    """The rows of T tokens (and the next) that a split of data_root holds: DataLoaderLite's rows_total,
+    from the shards' headers alone (a data_root file is tokenized once, for the loaders too)."""
+    return sum((len(tokens) - 1) // T for _, tokens in DataLoaderLite.open_split(data_root, split))
 
 
 class DataLoaderLite:
@@ -216,7 +146,7 @@ class DataLoaderLite:
             raise ValueError(f"DataLoaderLite: split={split!r} must be 'train' or 'val'")
         self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
         self.shuffle, self.seed = shuffle, seed
-        self.shards = self._open(data_root, split)  # list of (name, uint16 array)
+        self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)
         rows_per_step = B * num_processes
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
@@ -236,7 +166,8 @@ class DataLoaderLite:
         self.reset()
 
     @staticmethod
-    def _open(data_root, split):
+    def open_split(data_root, split):
+        """[(name, tokens)] of the split's shards (or of a data_root file's split), memory-mapped."""
         if os.path.isfile(data_root):
             if not data_root.endswith(DOCUMENT_FILES):
                 raise UserError(f"data_root {data_root}: a file data_root holds documents "

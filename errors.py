@@ -6,6 +6,7 @@ it too.
 """
 import argparse
 import math
+import os
 import sys
 
 
@@ -13,12 +14,22 @@ class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
 
 
-def main_guard(main):
-    """Run an entry point's main(): a UserError ends the process with its line on stderr and exit status 1."""
+def main_guard(main, exit_process=None):
+    """Run an entry point's main() and end the process with its exit status (None counts as 0). A UserError
+    is an expected mistake: its line goes to stderr and the status is 1. Under torchrun every rank meets the
+    same mistake, so only each node's first (LOCAL_RANK 0) says it. exit_process(status, wait): how a process
+    that may hold a process group ends (runtime.exit_process; after a UserError without waiting for the
+    others); without it, sys.exit."""
+    wait = True
     try:
-        main()
+        status = main()
     except UserError as e:
-        sys.exit(f"error: {e}")
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        status, wait = 1, False
+    if exit_process is not None:
+        exit_process(status or 0, wait=wait)
+    sys.exit(status or 0)
 
 
 class Parser(argparse.ArgumentParser):

@@ -32,8 +32,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from dataloader import (DOCUMENT_FILES, field, iter_file, read_header, shard_path, split_point, text_of,
-                        to_uint16, write_shard)
+from dataloader import read_header, shard_path, split_point, to_uint16, write_shard
+from documents import DOCUMENT_FILES, field, iter_file, text_of
 from errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"

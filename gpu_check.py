@@ -15,7 +15,7 @@ import tempfile
 import torch
 
 from model import GPT, GPTConfig
-from runlog import read_log
+from runlog import metrics_path, read_log
 from runtime import autocast, synchronize
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +171,7 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
     if rc != 0:
         tail = " | ".join(line for line in out.splitlines()[-6:])
         return [("2-layer train_gpt2.py run", False, f"exit status {rc}: {tail[-600:]}")]
-    recs = read_log(os.path.join(log_dir, "metrics.jsonl"))
+    recs = read_log(metrics_path(log_dir))
     info = next(r for r in recs if r.get("event") == "start")["run"]
     evals = {key: [r["step"] for r in recs if key in r] for key in ("val_loss", "hellaswag", "samples")}
     # printed when the first evaluation's compiled part ends

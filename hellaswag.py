@@ -21,8 +21,8 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 import runtime
-from dataloader import iter_jsonl
-from errors import UserError, check_range, command_line, first_line
+from documents import iter_jsonl
+from errors import UserError, check_range, command_line, first_line, main_guard
 from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
@@ -335,14 +335,7 @@ def main():
     if rt.master:
         print(f"hellaswag: {result['n']} examples, acc {result['acc']:.4f}, acc_norm "
               f"{result['acc_norm']:.4f}, {result['n'] / dt:.1f} examples/s, {dt:.1f} s{how}")
-    if rt.distributed:
-        runtime.exit_process(0)  # every rank, after the last collective: also takes the process group down
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # the same on every rank: said once per node
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
-        runtime.exit_process(1, wait=False)
+    main_guard(main, runtime.exit_process)

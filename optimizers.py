@@ -3,8 +3,10 @@
 Every parameter group is named by its role (ROLES), whatever the learning rates are, so a checkpoint's
 optimizer state fits the optimizer a resume builds even when a learning rate changed. train_gpt2.py steps,
 unscales (fp16) and checkpoints every optimizer of the list alike, and sets each group's learning rate from
-its role's peak.
+its role's peak on the schedule (get_lr: warmup, then a cosine).
 """
+import math
+
 import torch
 
 ROLES = {  # role: whether its weights decay
@@ -14,6 +16,34 @@ ROLES = {  # role: whether its weights decay
     "embedding": True,  # wte (also lm_head when tied)
     "head": True,  # an untied lm_head
 }
+
+
+def role_peaks(s, n_embd):
+    """{role: peak learning rate} of every parameter role, from settings s. embed_lr and head_lr (if not 0)
+    are given for a 768-wide model and scaled by sqrt(768 / n_embd), as nanochat does: the same step relative
+    to a narrower model's weights."""
+    width = (768 / n_embd) ** 0.5
+    return {"muon": s.muon_lr, "decay": s.max_lr, "no_decay": s.max_lr,
+            "embedding": s.embed_lr * width or s.max_lr, "head": s.head_lr * width or s.max_lr}
+
+
+def get_lr(step, peak, s):
+    """The learning rate of `step` (from 0) for a role of this peak, settings s: a linear warmup to the peak,
+    then a cosine to peak * min_lr_ratio at max_steps."""
+    min_lr = peak * s.min_lr_ratio
+    if step < s.warmup_steps:
+        return peak * (step + 1) / s.warmup_steps
+    if step >= s.max_steps:
+        return min_lr
+    ratio = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - min_lr)
+
+
+def set_lr(optimizers, step, peaks, s):
+    """Each parameter group's learning rate for `step`: get_lr from its role's peak (peaks[role])."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = get_lr(step, peaks[group["role"]], s)
 
 
 def param_roles(model, muon):

@@ -102,6 +102,18 @@ class RunLog:
         """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
         runtime.stop_everywhere(self.append(records), self.rt)
 
+    def clear(self):
+        """Rank 0 removes the log: an evaluation's starts afresh (a training run's continues)."""
+        if runtime.is_rank0() and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def drop_after(self, step):
+        """A resumed run's log: rank 0 drops the records after `step` (those of an attempt that died before
+        its next checkpoint, redone now), saying how many."""
+        if runtime.is_rank0() and (dropped := truncate_log(self.path, step)):
+            print(f"NOTE: dropped {dropped} records after step {step} from {self.path} (the interrupted "
+                  f"attempt's, redone now)", flush=True)
+
     def open_trackers(self, names, log_dir, start):
         """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""
         error = None
@@ -119,6 +131,10 @@ class RunLog:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+
+
+def metrics_path(log_dir):
+    return os.path.join(log_dir, "metrics.jsonl")
 
 
 def log_lines(path):

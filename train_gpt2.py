@@ -11,30 +11,30 @@ on input.txt and says so. A rerun with the same log_dir continues from its lates
 """
 import contextlib
 import dataclasses
-import difflib
 import json
 import math
 import os
 import signal
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from accounting import Clock, duration, mfu, peak_flops, training_memory
-from checkpoint import MODEL, find_resume, load_model, model_config, save_run, space_note, weights_shape
-from dataloader import DataLoaderLite, make_shards
-from errors import UserError, check_range
+import settings
+from accounting import Clock, duration, mfu, peak_flops
+from checkpoint import Resume, load_model, save_run
+from dataloader import DataLoaderLite
+from errors import UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
-from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
-from optimizers import make_optimizers
+from model import GPT, GPTConfig
+from optimizers import get_lr, make_optimizers, role_peaks, set_lr
 from plot import write_report
-from runlog import RunLog, hold_log_dir
-from trackers import TRACKERS
-from runtime import autocast, print0, synchronize
+from runlog import RunLog, hold_log_dir, metrics_path
+from runtime import Runtime, autocast, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
 
@@ -94,268 +94,139 @@ collective_timeout = 300  # seconds a step waits for the other processes (a hung
 tracker = ""  # tensorboard, wandb or tensorboard,wandb: the log goes there too (each a pip install)
 seed = 1337  # initial weights, data order (shuffle) and samples
 # ------------------------------------------------------------------------------------------------------------
-CONFIG = {k: v for k, v in dict(globals()).items()
+CONFIG = {k: v for k, v in dict(globals()).items()  # the settings block: {name: default}
           if k not in _IMPORTED and not k.startswith("_") and type(v) in (int, float, str, bool)}
-# the run's settings, resolved once by resolve() and read-only after: s.B, s.max_lr, ...
-Settings = dataclasses.make_dataclass("Settings", [(k, type(v), v) for k, v in CONFIG.items()], frozen=True)
-
-# --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
-# nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
-RECIPES = {"gpt2": {}, "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon",
-                                  "max_lr": 6e-3, "embed_lr": 0.004, "head_lr": 0.004}}
-PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
-SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
-         for name, shape in GPT2_SIZES.items()}
-FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
-SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
-SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
-    checkpoint_interval=300)
-CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
-    total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
-    warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
-    compile=False)
+Settings = settings.settings_type(CONFIG)  # a run's settings, resolved once (settings.resolve): s.B, ...
 SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samples 4 x 24 more
-# the valid values of every numeric setting, as check_range's (low, high, above) bounds
-RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
-                                          "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
-                                          "checkpoint_interval", "keep_checkpoints", "collective_timeout")},
-          **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
-                                          "seed", "eval_B")},
-          **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
-          "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
+
+
+def main(argv=None):
+    """Train (or with eval_only, evaluate) as the settings block and argv (default: the command line) say;
+    returns the process's exit status."""
+    # -------------------------------------- processes, device, settings (and the run in log_dir to continue)
+    s, rt, resume, notes = settings.resolve(Settings, sys.argv[1:] if argv is None else argv, __file__)
+    if resume is not None and resume.finished:  # and evaluated
+        return 0
+
+    # ---------------------------------------------------------- model, data, optimizers, log: decided once
+    run = start_run(s, rt, resume, notes)
+    if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
+        with run.log:
+            evaluate(run)
+        return 0
+    if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
+        evaluate_or_stop(run, run.last_checkpoint)
+    train_step = make_train_step(run.models, run.optimizers, run.scaler, rt, s.grad_clip)
+    peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
+
+    # ---------------------------------------------------------------------------------------- training loop
+    with run.log, catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt), peer_timeout_hint(run):
+        while run.step < s.max_steps:
+            t0 = time.time()
+            set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
+            scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
+            loss, norm, skipped = train_step([run.train_loader.next_batch() for _ in range(run.accum_steps)])
+            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
+                return diverged(run, loss, norm)
+            synchronize(rt.device)  # wait for the GPU before reading the clock
+            dt = time.time() - t0
+            run.step = step = run.step + 1
+            lr = get_lr(step - 1, s.max_lr, s)
+            tok_s = s.total_batch_size / dt
+            util = mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)
+            elapsed, eta = run.clock.elapsed(), run.clock.eta(step, s.max_steps)
+            print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
+                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
+                   + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
+                   + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
+                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
+                      "tok_s": tok_s, "mfu": util, "elapsed": elapsed, "eta": eta}
+            record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
+            error = run.log.append([record])
+            stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
+            if error:
+                raise UserError(error)
+            last = step == s.max_steps
+            saved = step % s.checkpoint_interval == 0 or last or stop
+            if saved:  # before the evaluation: an evaluation that fails loses no training
+                run.last_checkpoint = save_run(run)
+            if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
+                evaluate_or_stop(run, run.last_checkpoint if saved else None)
+            run.clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
+            if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
+                print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
+                       f"resume")
+                return 128 + stop
+    if rt.master:  # finished: what ran and what it reached, from the log alone
+        print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
+               f"again)")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------------------
-# settings: the block above, then the command line, presets, fallbacks and checks, resolved once
+# the run's state: model, data, optimizers and log, each decided once at start-up
 
-KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
-
-
-def settings_help():
-    """--help: each setting with its default and the comments beside or above it, read from the settings
-    block of this file (so it cannot drift from it)."""
-    with open(__file__, encoding="utf-8") as f:
-        block = f.read().split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]
-    lines, above = [], []
-    for line in block:
-        code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
-        if not code:
-            above.append(comment)
-            continue
-        name = code.split(" = ")[0]
-        lines.append(f"  --{name}={CONFIG[name]!r}".ljust(34) + " ".join(above + [comment]).strip())
-        above = []
-    return (f"{__doc__.strip()}\n\nSettings (--name=value or --name value; the defaults are the settings "
-            f"block at the top of train_gpt2.py):\n" + "\n".join(lines))
+class Models(NamedTuple):
+    """How this rank runs its model, decided once by wrap_model."""
+    raw: GPT  # the weights: what checkpoints hold and samples come from
+    train_model: torch.nn.Module  # the training step's: compiled, in DDP or sharded (FSDP)
+    eval_model: torch.nn.Module  # evaluation's: compiled, never in DDP
+    grad_sync: Callable  # grad_sync(last): the context of a micro-step (DDP: gradients cross on the last)
+    compiled: bool
 
 
-def parse_overrides(argv):
-    """{name: value} of the command line's --name=value (or --name value) pairs, each checked against the
-    settings' names and converted to its type; --help prints the settings and exits."""
-    overrides, argv = {}, list(argv)
-    while argv:
-        arg = argv.pop(0)
-        if arg in ("-h", "--help"):
-            print(settings_help())
-            raise SystemExit(0)
-        if not arg.startswith("--") or arg == "--":
-            raise UserError(f"expected --name=value, got {arg!r} (python train_gpt2.py --help lists the "
-                            f"settings)")
-        key, eq, value = arg[2:].partition("=")
-        if not eq:  # --name value
-            if not argv or argv[0].startswith("--"):
-                raise UserError(f"--{key} needs a value: --{key}=VALUE")
-            value = argv.pop(0)
-        if key not in CONFIG:
-            close = difflib.get_close_matches(key, CONFIG, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
-            raise UserError(f"unknown setting {key!r}{hint}")
-        kind = type(CONFIG[key])
-        try:
-            if kind is bool:
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                overrides[key] = value.lower() in ("true", "1")
-            elif kind is int:  # also 1e8 or 5.24288e5, as long as it is a whole number
-                if not float(value).is_integer():
-                    raise ValueError
-                overrides[key] = int(float(value))
-            else:
-                overrides[key] = kind(value)
-        except ValueError:
-            raise UserError(f"--{key}={value!r} is not {KINDS[kind]} (default: {CONFIG[key]!r})") from None
-    return overrides
+@dataclasses.dataclass
+class Run:
+    """A training run's state: the loop, evaluate() and checkpoint.save_run read it."""
+    s: object  # Settings, resolved
+    rt: Runtime
+    models: Models
+    optimizers: list
+    scaler: torch.amp.GradScaler  # fp16's loss scaling; disabled (a no-op) otherwise
+    peaks: dict  # {role: peak learning rate}
+    train_loader: DataLoaderLite
+    val_loader: DataLoaderLite
+    examples: Prepared | None  # HellaSwag's batches (hellaswag=0: None)
+    log: RunLog
+    clock: Clock
+    accum_steps: int  # micro-steps a step
+    step: int = 0  # optimizer steps done
+    last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
 
 
-def resolve(given, rt):
-    """(settings, given, notes): the settings block, then the command line (`given`), the size and recipe
-    presets, the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that
-    order, into one read-only Settings. given comes back with the presets chosen on the command line counted
-    as given. A setting that cannot work is a UserError."""
-    cfg, given = apply_presets({**CONFIG, **given}, given)
-    cfg, notes = apply_fallbacks(cfg, given, rt)
-    notes += validate(cfg, rt)
-    if cfg["compile"] and rt.kind == "mps":
-        notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
-        cfg["compile"] = False
-    elif cfg["compile"] and (why := runtime.compile_blocker(rt)):
-        notes.append(f"compile=True but {runtime.eager_note(why)}")
-        cfg["compile"] = False
-    return Settings(**cfg), given, notes
+def start_run(s, rt, resume, notes):
+    """The Run: the model, data, optimizers and log, each decided once; the resumed run's state restored; its
+    first record written. notes: the settings' NOTEs, for that record."""
+    torch.manual_seed(s.seed)  # the same initial weights on every rank
+    model = build_model(s, resume).to(rt.device)
+    train_loader, val_loader, examples = load_data(s, rt)
+    models = wrap_model(model, s, rt)
+    peaks = role_peaks(s, model.config.n_embd)
+    optimizers = make_optimizers(model, s.optimizer, s.weight_decay, peaks, fused=rt.kind == "cuda")
+    # fp16 overflows where bf16 does not: the loss is scaled up before backward and the gradients unscaled
+    # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
+    scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
+    clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
+    run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples,
+              RunLog(metrics_path(s.log_dir), rt), clock, s.total_batch_size // (s.B * s.T * rt.world_size))
+    if resume is not None:
+        run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
+        run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
+        run.log.drop_after(run.step)
+    hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
+    log_start(run, notes)
+    models.train_model.train()
+    return run
 
 
-def apply_presets(cfg, given):
-    """(cfg, given) with the size preset's and then the recipe's settings, except those given on the command
-    line. A preset chosen on the command line counts as its settings given there (the CPU fallback keeps
-    them)."""
-    if cfg["size"] and cfg["size"] not in SIZES:
-        raise UserError(f"--size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
-                        f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
-    if cfg["recipe"] not in RECIPES:
-        raise UserError(f"--recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
-    for name, presets in (("size", SIZES), ("recipe", RECIPES)):
-        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in given}
-        cfg, given = {**cfg, **preset}, ({**given, **preset} if name in given else given)
-    return cfg, given
-
-
-def apply_fallbacks(cfg, given, rt):
-    """(cfg, notes): without shards at the shipped data_root, train on input.txt (a plain `python` run only:
-    under torchrun that is a mistake); without a GPU, a small model. Both with settings to match, except those
-    given on the command line. Their batch is a fixed number of tokens, whatever the number of processes (so
-    a resume may change it, as B): B is lowered where needed to keep it whole."""
-    small, notes = {}, []
-    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
-        if rt.distributed:
-            raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
-                            f"directory you run from): make them there with `python fineweb.py`, or pass "
-                            f"--data_root=PATH")
-        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
-                     + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
-        small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
-    if rt.kind != "cuda":
-        small_model = cfg["init_from"] in ("scratch", "resume") and not set(MODEL) & set(given)
-        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training")
-                     + (" a small model" if small_model else "") + " with a small batch on the CPU (settings "
-                     "given on the command line are kept)")
-        small.update(CPU_CONFIG)
-    cfg = {**cfg, **{k: v for k, v in small.items() if k not in given}}
-    fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
-    if "B" not in given and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
-        b = next((b for b in fits if b <= cfg["B"]), cfg["B"])  # the largest B that keeps the batch whole
-        if not small:
-            notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
-                         f"into whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B "
-                         "to choose)")
-        cfg["B"] = b
-    return cfg, notes
-
-
-def validate(cfg, rt):
-    """The first setting that cannot work is a UserError naming the fix, raised before any model or log_dir
-    exists. Returns NOTEs on settings that work but are likely mistakes."""
-    if cfg["optimizer"] not in ("adamw", "muon"):
-        raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
-    if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
-        raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
-                        f"{','.join(TRACKERS)}, or \"\" for none")
-    if cfg["fsdp"] and runtime.torch_older_than(runtime.MIN_TORCH):  # FSDP2 changed most before 2.9
-        raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
-                        f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
-                        f"upgrade torch or drop --fsdp (DDP)")
-    if cfg["optimizer"] == "muon" and cfg["fsdp"]:
-        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
-                        "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
-                        "--optimizer=adamw")
-    if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
-        raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
-                        "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
-    if cfg["fsdp"] and not rt.distributed:
-        raise UserError("--fsdp=True shards the model over the processes torchrun starts: run it as "
-                        "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
-    if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
-        raise UserError(f"--log_dir={cfg['log_dir']} is a file, not a directory: choose another --log_dir")
-    if not os.path.exists(cfg["data_root"]):
-        raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
-                        "point --data_root at a .txt, .jsonl or .parquet file")
-    for key, bounds in RANGES.items():
-        check_range(f"--{key}", cfg[key], *bounds)
-    if cfg["T"] > cfg["block_size"] and cfg["init_from"] in ("scratch", "resume"):  # weights: their own
-        raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
-    row = cfg["T"] * rt.world_size  # tokens of one row on every process
-    if cfg["total_batch_size"] % row:
-        raise UserError(f"total_batch_size={cfg['total_batch_size']:,} is not a multiple of T*world_size = "
-                        f"{cfg['T']}*{rt.world_size} = {row:,}: use a multiple of it, such as "
-                        f"{max(1, round(cfg['total_batch_size'] / row)) * row:,}, or change T")
-    if cfg["total_batch_size"] % (cfg["B"] * row):  # a B given on the command line
-        fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
-        raise UserError(f"--B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
-                        f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes: use one of "
-                        f"{', '.join(map(str, fits[:6]))}")
-    if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
-        return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
-                f"reaches max_lr (lower --warmup_steps)"]
-    return []
-
-
-def micro_batches(total_batch_size, T, world_size):
-    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
-    first."""
-    rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
-    return [b for b in range(rows, 0, -1) if rows % b == 0]
-
-
-def memory_estimate(s, rt, config, B):
-    """accounting.py's training memory per process in bytes at micro-batch B, for this run's dtype and
-    wrapping (FSDP shards over the ranks)."""
-    return training_memory(config, B, s.T, rt.dtype, rt.world_size if s.fsdp else 1)["total"]
-
-
-def fit_memory(s, given, config, rt):
-    """(settings, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
-    compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
-    (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
-    if rt.memory is None:  # not a CUDA GPU
-        return s, []
-    budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
-    need = {b: memory_estimate(s, rt, config, b)
-            for b in micro_batches(s.total_batch_size, s.T, rt.world_size)}
-    if need[s.B] <= budget:
-        return s, []
-    fits = next((b for b in need if b < s.B and need[b] <= budget), None)
-    said = (f"B={s.B} needs an estimated {need[s.B] / 2**30:.1f} GiB per process of the GPU's "
-            f"{rt.memory / 2**30:.1f} GiB")
-    if fits is None:
-        return s, [f"{said}, and no smaller B fits: expect to run out of memory (try --grad_checkpoint=True, "
-                   f"or --fsdp=True over more GPUs)"]
-    if "B" in given:
-        return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
-    return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to "
-                                            f"choose)"]
-
-
-def one_validation_pass(s, loader):
-    """(settings, notes): val_tokens at most the validation split's rows of T tokens, so no row counts
-    twice."""
-    if s.val_tokens // s.T <= loader.rows_total:
-        return s, []
-    return dataclasses.replace(s, val_tokens=loader.rows_total * s.T), [
-        f"val_tokens={s.val_tokens:,} but the validation split holds {loader.rows_total:,} rows of {s.T} "
-        f"tokens: evaluating on those, once each"]
-
-
-# ------------------------------------------------------------------------------------------------------------
-# model, data, optimizers: each decided once, at start-up
-
-def build_model(s, resume):
+def build_model(s, resume: Resume | None):
     """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF
     folder or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
     if resume is not None:
         return GPT(GPTConfig(**{**resume.model_config, "grad_checkpoint": s.grad_checkpoint}))
     if s.init_from == "scratch":
-        shape = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
-        return GPT(GPTConfig(**{k: getattr(s, k) for k in shape}, grad_checkpoint=s.grad_checkpoint))
+        return GPT(settings.model_shape(s))
     model = load_model(s.init_from)
     model.config = dataclasses.replace(model.config, grad_checkpoint=s.grad_checkpoint)
     return model
@@ -376,7 +247,7 @@ def load_data(s, rt):
 
 
 def wrap_model(raw_model, s, rt):
-    """(train_model, eval_model, grad_sync), decided once: how this rank runs the model.
+    """Models: how this rank runs the model, decided once.
 
     DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes
     inside torch.compile, so the graph is split at the buckets and each all-reduce overlaps the backward.
@@ -400,7 +271,7 @@ def wrap_model(raw_model, s, rt):
         fully_shard(raw_model)  # in place: raw_model is now the sharded model
         if s.compile:
             raw_model.compile_regions()
-        return raw_model, raw_model, lambda last: contextlib.nullcontext()
+        return Models(raw_model, raw_model, raw_model, lambda last: contextlib.nullcontext(), s.compile)
     maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
@@ -408,57 +279,57 @@ def wrap_model(raw_model, s, rt):
         # unless it may trace it (a recent setting: where a torch lacks it, the warning stays)
         if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
             torch._dynamo.config.capture_profiler_record_function = True
-        return (maybe_compile(ddp_model), maybe_compile(raw_model),
-                lambda last: contextlib.nullcontext() if last else ddp_model.no_sync())
+        return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model),
+                      lambda last: contextlib.nullcontext() if last else ddp_model.no_sync(), s.compile)
     model = maybe_compile(raw_model)
-    return model, model, lambda last: contextlib.nullcontext()
+    return Models(raw_model, model, model, lambda last: contextlib.nullcontext(), s.compile)
 
 
-def role_peaks(s, n_embd):
-    """{role: peak learning rate} of every parameter role (optimizers.ROLES). embed_lr and head_lr (if not
-    0) are given for a 768-wide model and scaled by sqrt(768 / n_embd), as nanochat does: the same step
-    relative to a narrower model's weights."""
-    width = (768 / n_embd) ** 0.5
-    return {"muon": s.muon_lr, "decay": s.max_lr, "no_decay": s.max_lr,
-            "embedding": s.embed_lr * width or s.max_lr, "head": s.head_lr * width or s.max_lr}
+def log_start(run, notes):
+    """Print what this run is and write its first record: the settings, the model, the environment. An
+    evaluation's log starts afresh."""
+    s, rt, model = run.s, run.rt, run.models.raw
+    if s.eval_only:  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
+        run.log.clear()
+    config = dataclasses.asdict(s)
+    differs = {k: v for k, v in config.items() if v != CONFIG[k]}
+    print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
+    print0(f"model: {model.num_params():,} parameters, {model.config}")
+    if s.eval_only:  # nothing trained: what one evaluation reads
+        print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
+               f"HellaSwag examples; device {rt.device}")
+    else:
+        loader = run.train_loader
+        print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
+               f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
+        mem = settings.memory_estimate(s, rt, s.B)
+        sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+                   + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
+                      else "") + ")") if s.fsdp else ""
+        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
+               f"{run.accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
+               f"process {mem / 2**30:.1f} GiB{sharded}")
+    start = {"event": "start", "step": run.step, "config": config, "differs": differs,
+             "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
+             "fallbacks": notes, "time": time.time(),
+             "run": runtime.run_info(rt, run.models.compiled, run.optimizers)}
+    run.log.log([start])
+    run.log.open_trackers(s.tracker, s.log_dir, start)
 
 
-def schedule_change(s, resume):
-    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
-    min_lr_ratio or max_lr changed): what the next step's is on each."""
-    saved = {k: resume.meta["config"].get(k, CONFIG[k])
-             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
-    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
-    if not changed:
-        return None
-    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
-                (dataclasses.replace(s, **changed), s))
-    if math.isclose(was, now, rel_tol=0.01):
-        return None
-    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
-            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
-            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
+# ------------------------------------------------------------------------------------------------------------
+# the training step (bench.py times this same step)
 
-
-def get_lr(step, peak, s):
-    """Linear warmup to the peak, then a cosine to peak * min_lr_ratio at max_steps."""
-    min_lr = peak * s.min_lr_ratio
-    if step < s.warmup_steps:
-        return peak * (step + 1) / s.warmup_steps
-    if step >= s.max_steps:
-        return min_lr
-    ratio = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - min_lr)
-
-
-def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, grad_clip, chunked):
+def make_train_step(models, optimizers, scaler, rt, grad_clip):
     """The training step: step(batches) runs forward and backward on each micro-batch (x, y) of the list
     (gradients cross ranks on the last only), averages the loss over the ranks, unscales (fp16) and clips the
     gradients, and updates the weights, unless the loss or the gradient norm is not finite (a diverged run;
     under fp16 an overflow, which the scaler skips). Returns (loss, gradient norm, skipped) as floats: one
-    CPU-GPU sync point. chunked: the loss from the hidden states by model.ChunkedHeadLoss (a CPU's eager
-    training). bench.py times this same step."""
-    params = list(raw_model.parameters())
+    CPU-GPU sync point."""
+    params = list(models.raw.parameters())
+    # a CPU trains eagerly through model.ChunkedHeadLoss (no logits: see there); compiled code, or a GPU,
+    # takes the plain path
+    chunked = rt.kind == "cpu" and not models.compiled
 
     def step(batches):
         for opt in optimizers:
@@ -466,9 +337,9 @@ def make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, g
         loss_accum = torch.zeros((), device=rt.device)
         for i, (x, y) in enumerate(batches):
             x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with grad_sync(i == len(batches) - 1):
+            with models.grad_sync(i == len(batches) - 1):
                 with autocast(rt.device, rt.dtype):
-                    _, loss = train_model(x, y, chunked=chunked)
+                    _, loss = models.train_model(x, y, chunked=chunked)
                 loss = loss / len(batches)  # the mean over the whole batch, not a sum of means
                 loss_accum += loss.detach()
                 scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
@@ -508,34 +379,6 @@ def agree(stop, error, rt):
     return stop, error
 
 
-def log_start(s, rt, step, model, loader, optimizers, notes, grad_accum_steps, run_log):
-    """Print what this run is and write its first record: the settings, the model, the environment. An
-    evaluation's log starts afresh."""
-    if s.eval_only and rt.master and os.path.exists(run_log.path):
-        os.remove(run_log.path)  # an earlier evaluation's (a training run's has checkpoints: refused earlier)
-    config = dataclasses.asdict(s)
-    differs = {k: v for k, v in config.items() if v != CONFIG[k]}
-    print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
-    print0(f"model: {model.num_params():,} parameters, {model.config}")
-    if s.eval_only:  # nothing trained: what one evaluation reads
-        print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
-               f"HellaSwag examples; device {rt.device}")
-    else:
-        print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
-               f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
-        mem = memory_estimate(s, rt, model.config, s.B)
-        sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-                   + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
-                      else "") + ")") if s.fsdp else ""
-        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
-               f"{grad_accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
-               f"process {mem / 2**30:.1f} GiB{sharded}")
-    start = {"event": "start", "step": step, "config": config, "differs": differs,
-             "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-             "fallbacks": notes, "time": time.time(), "run": runtime.run_info(rt, s.compile, optimizers)}
-    run_log.log([start])
-    run_log.open_trackers(s.tracker, s.log_dir, start)
-
 
 @contextlib.contextmanager
 def catch_stop_signals():
@@ -563,8 +406,17 @@ def catch_stop_signals():
             signal.signal(sig, previous)
 
 
+def diverged(run, loss, norm):
+    """A non-finite loss or gradient norm (the step was not applied): said, logged, exit status 1."""
+    print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {run.step + 1}: stopped before "
+           f"its update. The newest checkpoint is {run.last_checkpoint}; lower max_lr or check the data, "
+           f"then rerun to resume from the newest checkpoint that verifies")
+    run.log.append([{"step": run.step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
+    return 1
+
+
 @contextlib.contextmanager
-def out_of_memory_hint(s, rt, config):
+def out_of_memory_hint(s, rt):
     """The GPU running out of memory in a step or an evaluation (also inside compiled code) is a UserError
     naming the B to try; other errors pass through."""
     try:
@@ -572,8 +424,8 @@ def out_of_memory_hint(s, rt, config):
     except Exception as e:
         if not runtime.is_out_of_memory(e):
             raise
-        est = memory_estimate(s, rt, config, s.B) / 2**30
-        smaller = [b for b in micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
+        est = settings.memory_estimate(s, rt, s.B) / 2**30
+        smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
         of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
         fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
                "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
@@ -582,20 +434,18 @@ def out_of_memory_hint(s, rt, config):
 
 
 @contextlib.contextmanager
-def peer_timeout_hint(s, where):
+def peer_timeout_hint(run):
     """A collective that waited collective_timeout for another process (one that failed, hangs or was
-    stopped) is a UserError naming the step and the newest checkpoint (where(): both, now); other errors pass
-    through."""
+    stopped) is a UserError naming the step and the newest checkpoint; other errors pass through."""
     try:
         yield
     except Exception as e:
         if not runtime.timed_out(e):
             raise
-        step, checkpoint = where()
-        raise UserError(f"no answer from another process for {s.collective_timeout} s (--collective_timeout) "
-                        f"at step {step + 1}: it failed, hangs or was stopped. The newest checkpoint is "
-                        f"{checkpoint}; the same command resumes from it (torchrun --max-restarts does by "
-                        "itself)") from None
+        raise UserError(f"no answer from another process for {run.s.collective_timeout} s "
+                        f"(--collective_timeout) at step {run.step + 1}: it failed, hangs or was stopped. "
+                        f"The newest checkpoint is {run.last_checkpoint}; the same command resumes from it "
+                        "(torchrun --max-restarts does by itself)") from None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -631,167 +481,48 @@ def validation_loss(model, loader, rows, B, rt):
     return (nats[0] / counts[0]).item(), (nats[1] / (math.log(2) * counts[1])).item()
 
 
-def evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log):
-    """Validation loss and bits per byte, HellaSwag (given examples) and samples: printed, and logged
-    together when all are done."""
-    eval_model.eval()
-    at = os.path.basename(s.init_from) if s.eval_only else f"step {step}"  # eval_only: no steps
-    val_loss, val_bpb = validation_loss(eval_model, val_loader, s.val_tokens // s.T, s.eval_B or s.B, rt)
+def evaluate(run):
+    """Validation loss and bits per byte, HellaSwag (given examples) and samples of the model after run.step:
+    printed, and logged together when all are done."""
+    s, rt, models = run.s, run.rt, run.models
+    models.eval_model.eval()
+    at = os.path.basename(s.init_from) if s.eval_only else f"step {run.step}"  # eval_only: no steps
+    val_loss, val_bpb = validation_loss(models.eval_model, run.val_loader, s.val_tokens // s.T,
+                                        s.eval_B or s.B, rt)
     print0(f"{at}: val loss {val_loss:.4f} | val bpb {val_bpb:.4f}")
-    records = [{"step": step, "val_loss": val_loss, "val_bpb": val_bpb}]
-    if examples is not None:  # through the compiled model: fixed batch shapes, few lengths
-        hs = hellaswag_eval(eval_model, examples, rt)
+    records = [{"step": run.step, "val_loss": val_loss, "val_bpb": val_bpb}]
+    if run.examples is not None:  # through the compiled model: fixed batch shapes, few lengths
+        hs = hellaswag_eval(models.eval_model, run.examples, rt)
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
-        records.append({"step": step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
+        records.append({"step": run.step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                         "hellaswag_n": hs["n"]})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
-    samples, _, _ = sample(raw_model, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
+    samples, _, _ = sample(models.raw, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
-    run_log.log(records + [{"step": step, "samples": samples}])
-    eval_model.train()
+    run.log.log(records + [{"step": run.step, "samples": samples}])
+    models.eval_model.train()
 
 
-def evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log, checkpoint, save):
-    """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (save()
-    writes it where `checkpoint`, the name of the step's checkpoint, is None), unless another process hangs.
+def evaluate_or_stop(run, checkpoint):
+    """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (written
+    now where `checkpoint`, the name of the step's checkpoint, is None), unless another process hangs.
     Running out of memory is then a UserError naming eval_B; any other error keeps its traceback after a line
     naming the checkpoint."""
     try:
-        evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log)
+        evaluate(run)
     except Exception as e:
+        step, eval_B = run.step, run.s.eval_B or run.s.B
         if runtime.timed_out(e):  # another process hangs: no checkpoint can be agreed on (peer_timeout_hint)
             raise
-        checkpoint = checkpoint or save()
+        checkpoint = checkpoint or save_run(run)
         if runtime.is_out_of_memory(e):
-            raise UserError(f"out of memory evaluating step {step} at eval_B={s.eval_B or s.B}: the step is "
-                            f"in {checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "
+            raise UserError(f"out of memory evaluating step {step} at eval_B={eval_B}: the step is in "
+                            f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "
                             f"which evaluates step {step} first") from None
         print0(f"error: evaluating step {step} failed (the traceback follows); the step is in {checkpoint}")
         raise
 
 
-# ------------------------------------------------------------------------------------------------------------
-
-def main(argv):
-    """Train (or with eval_only, evaluate) as the settings and argv say; returns the process's exit status."""
-    given = parse_overrides(argv)  # a misspelt name or a value of the wrong type stops here
-
-    # ------------------------------------------------------------------------- processes, device, settings
-    asked = {**CONFIG, **given}
-    check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
-    # the process group, this rank's GPU, TF32, the dtype
-    rt = runtime.setup(asked["device"], asked["dtype"], asked["collective_timeout"])
-    s, given, notes = resolve(given, rt)
-    notes = rt.notes + notes
-    for note in notes:
-        print0(f"NOTE: {note}")
-    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
-    metrics = os.path.join(s.log_dir, "metrics.jsonl")
-    s, resume = find_resume(s, given, rt, metrics)  # None, or the run in log_dir to continue
-    if resume is not None and resume.finished:  # and evaluated
-        return 0
-    if resume is None and s.init_from != "scratch":  # the weights decide the shape; T within their positions
-        s = weights_shape(s, given, model_config(s.init_from), s.init_from)
-    if resume is not None and (note := schedule_change(s, resume)):
-        print0(f"NOTE: {note}")
-
-    # --------------------------------------------------------------------------------- model, data, optimizer
-    torch.manual_seed(s.seed)  # the same initial weights on every rank
-    raw_model = build_model(s, resume).to(rt.device)
-    s, memory_notes = fit_memory(s, given, raw_model.config, rt)  # a B the GPU holds, found before compiling
-    memory_notes += [] if s.eval_only else space_note(s.log_dir, raw_model.num_params())
-    train_loader, val_loader, examples = load_data(s, rt)
-    s, val_notes = one_validation_pass(s, val_loader)
-    for note in memory_notes + val_notes:
-        print0(f"NOTE: {note}")
-    notes += memory_notes + val_notes
-    grad_accum_steps = s.total_batch_size // (s.B * s.T * rt.world_size)  # micro-steps a step
-    train_model, eval_model, grad_sync = wrap_model(raw_model, s, rt)
-    peaks = role_peaks(s, raw_model.config.n_embd)
-    optimizers = make_optimizers(raw_model, s.optimizer, s.weight_decay, peaks, fused=rt.kind == "cuda")
-    # fp16 overflows where bf16 does not: the loss is scaled up before backward and the gradients unscaled
-    # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
-    scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
-    step = resume.restore(raw_model, optimizers, scaler, train_loader, rt) if resume else 0
-    hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    run_log = RunLog(metrics, rt)
-    log_start(s, rt, step, raw_model, train_loader, optimizers, notes, grad_accum_steps, run_log)
-    if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
-        with run_log:
-            evaluate(step, eval_model, raw_model, val_loader, examples, s, rt, run_log)
-        return 0
-    if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
-        evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log,
-                         f"{os.path.basename(resume.path)} (step {step})", None)
-    # a CPU trains eagerly through ChunkedHeadLoss (no logits: see there); compiled code takes the plain path
-    train_step = make_train_step(train_model, raw_model, optimizers, scaler, grad_sync, rt, s.grad_clip,
-                                 chunked=rt.kind == "cpu" and not s.compile)
-
-    # ---------------------------------------------------------------------------------------- training loop
-    peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
-    last_checkpoint = f"{os.path.basename(resume.path)} (step {step})" if resume else "none yet"
-    clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
-    train_model.train()
-    with run_log, catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt, raw_model.config), \
-            peer_timeout_hint(s, lambda: (step, last_checkpoint)):
-        while step < s.max_steps:
-            t0 = time.time()
-            for opt in optimizers:  # each parameter group from its own role's peak
-                for group in opt.param_groups:
-                    group["lr"] = get_lr(step, peaks[group["role"]], s)
-            scale = scaler.get_scale() if scaler.is_enabled() else None  # fp16: the scale this step uses
-            loss, norm, skipped = train_step([train_loader.next_batch() for _ in range(grad_accum_steps)])
-            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
-                print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {step + 1}: stopped "
-                       f"before its update. The newest checkpoint is {last_checkpoint}; lower max_lr or "
-                       f"check the data, then rerun to resume from the newest checkpoint that verifies")
-                run_log.append([{"step": step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
-                return 1
-            synchronize(rt.device)  # wait for the GPU before reading the clock
-            dt = time.time() - t0
-            step += 1
-            lr = get_lr(step - 1, s.max_lr, s)
-            tok_s = s.total_batch_size / dt
-            util = mfu(raw_model.config, tok_s / rt.world_size, peak, s.T)
-            elapsed, eta = clock.elapsed(), clock.eta(step, s.max_steps)
-            print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
-                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
-                   + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
-                   + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
-                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
-            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
-                      "tok_s": tok_s, "mfu": util, "elapsed": elapsed, "eta": eta}
-            record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
-            error = run_log.append([record])
-            stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
-            if error:
-                raise UserError(error)
-            last = step == s.max_steps
-            saved = step % s.checkpoint_interval == 0 or last or stop
-            if saved:  # before the evaluation: an evaluation that fails loses no training
-                last_checkpoint = save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
-                                           clock.elapsed())
-            if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
-                evaluate_or_stop(step, eval_model, raw_model, val_loader, examples, s, rt, run_log,
-                                 last_checkpoint if saved else None,
-                                 lambda: save_run(s, rt, step, raw_model, optimizers, scaler, train_loader,
-                                                  clock.elapsed()))
-            clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
-            if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
-                print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
-                       f"resume")
-                return 128 + stop
-    if rt.master:  # finished: what ran and what it reached, from the log alone
-        print0(f"report: {write_report(metrics)} (python plot.py --report --log={metrics} makes it again)")
-    return 0
-
-
 if __name__ == "__main__":
-    try:
-        status = main(sys.argv[1:])
-    except UserError as e:  # an expected mistake, the same on every rank: said once per node, not per rank
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
-        runtime.exit_process(1, wait=False)
-    runtime.exit_process(status)  # every rank returns at the same step
+    main_guard(main, runtime.exit_process)  # every rank returns at the same step

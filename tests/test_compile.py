@@ -98,7 +98,7 @@ REGIONS = textwrap.dedent("""
         raw = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=2, n_embd=32,
                             grad_checkpoint=grad_checkpoint))
         s = train_gpt2.Settings(fsdp=fsdp, compile=backend is not None)
-        model, _, _ = train_gpt2.wrap_model(raw, s, rt)
+        model = train_gpt2.wrap_model(raw, s, rt).train_model
         gathered = []
         if fsdp:  # after FSDP's own pre-forward hook, which gathers the block's parameters
             raw.transformer.h[0].register_forward_pre_hook(

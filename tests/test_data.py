@@ -11,7 +11,8 @@ import pytest
 
 import fineweb
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
-                        tokenize_file, write_shard)
+                        write_shard)
+from documents import tokenize_file
 from errors import UserError
 from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from tokenizer import get_encoding

@@ -15,7 +15,7 @@ import hf_gpt2
 import model
 from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
 from errors import UserError
-from optimizers import make_optimizers
+from optimizers import make_optimizers, role_peaks
 
 
 def tiny(**kw):
@@ -92,9 +92,9 @@ def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
     import train_gpt2
     m = GPT(tiny(untied_head=untied, n_embd=48))
     s = train_gpt2.Settings(optimizer="muon", max_lr=6e-3, embed_lr=0.2, head_lr=0.004)
-    peaks = train_gpt2.role_peaks(s, 48)
+    peaks = role_peaks(s, 48)
     assert peaks["embedding"] == pytest.approx(0.2 * 4) and peaks["head"] == pytest.approx(0.004 * 4)
-    assert train_gpt2.role_peaks(train_gpt2.Settings(max_lr=6e-3), 48)["embedding"] == 6e-3  # 0: max_lr
+    assert role_peaks(train_gpt2.Settings(max_lr=6e-3), 48)["embedding"] == 6e-3  # 0: max_lr
     structures = []
     for peak in ({**peaks, "embedding": 6e-3}, peaks, dict.fromkeys(peaks, 6e-3)):  # equal peaks: no merging
         opts = make_optimizers(m, "muon", 0.1, peak, fused=False)

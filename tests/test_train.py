@@ -12,8 +12,10 @@ import time
 import pytest
 import torch
 
+import settings
 import train_gpt2
-from checkpoint import checkpoints, resume_settings
+from optimizers import get_lr
+from checkpoint import checkpoints
 from errors import UserError
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
                       losses, records, run_args, train)
@@ -31,7 +33,7 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert "NOTE: no shards in edu_fineweb10B/" in said and "NOTE: no CUDA device" in said
     recs = records(log)
     start = recs[0]
-    assert start["event"] == "start" and start["config"]["data_root"] == train_gpt2.SHAKESPEARE
+    assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
     assert len(start["fallbacks"]) == 2 and start["config"]["n_layer"] == 2  # command-line settings kept
     loss = losses(log)
     assert sorted(loss) == list(range(1, 31))
@@ -242,23 +244,23 @@ def test_resume_settings():
     from model import GPTConfig
     Settings = train_gpt2.Settings
     saved = dict(train_gpt2.CONFIG, B=4)
-    s, notes = resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
+    s, notes = settings.resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
     assert s.B == 2 and s.max_lr == 1e-3 and s.embed_lr == 0.2
     assert notes == ["B changed since the checkpoint: 4 -> 2",
                      "max_lr changed since the checkpoint: 0.0006 -> 0.001",
                      "embed_lr changed since the checkpoint: 0.0 -> 0.2"]
-    s, notes = resume_settings(saved, Settings(**saved), 1, 2, "log")
+    s, notes = settings.resume_settings(saved, Settings(**saved), 1, 2, "log")
     assert notes == ["processes changed since the checkpoint: 1 -> 2"]
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
                        ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
         with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
-            resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
+            settings.resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
     # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
-    assert resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
+    assert settings.resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
     with pytest.raises(UserError, match="untied_head=False \\(now True\\)"):
-        resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
+        settings.resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
@@ -289,60 +291,60 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     from runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
     rt = Runtime(world_size=world_size, kind="cuda" if use_cuda else "cpu")
-    cfg, notes = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
-    assert cfg["data_root"] == train_gpt2.SHAKESPEARE and len(notes) == 1 + (not use_cuda)
+    cfg, notes = settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
+    assert cfg["data_root"] == settings.SHAKESPEARE and len(notes) == 1 + (not use_cuda)
     assert cfg["total_batch_size"] == (4096 if use_cuda else 2048)
     assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
     for split in ("train", "val"):  # raises if a split is shorter than one step
         DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
-    kept, _ = train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, rt)
+    kept, _ = settings.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, rt)
     assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
     rt.distributed = True
     where = tmp_path / "edu_fineweb10B"
     with pytest.raises(UserError, match=rf"no shards in {where} \(data_root is relative to the directory "
                                          r"you run from\): make them there with `python fineweb"):
-        train_gpt2.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
+        settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
 
 
 def test_size_and_recipe_presets():
     from model import GPTConfig
     from runtime import Runtime
-    cfg, overrides = train_gpt2.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
+    cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
                                               {"size": "350M", "n_layer": 4})
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
     assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
     # chosen on the command line: the CPU fallback keeps the preset's shape
     assert overrides["n_embd"] == 1024
-    cpu, _ = train_gpt2.apply_fallbacks(cfg, overrides, Runtime())
+    cpu, _ = settings.apply_fallbacks(cfg, overrides, Runtime())
     assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
-        cfg, _ = train_gpt2.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": size})
+        cfg, _ = settings.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": size})
         assert (cfg["n_layer"], cfg["n_embd"]) == (layers, width) and cfg["n_embd"] % cfg["n_head"] == 0
     # "": the settings as they are
-    assert train_gpt2.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
+    assert settings.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
     # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
-    cfg, overrides = train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
+    cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
                                               {"recipe": "modern", "rotary": False})
     assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and overrides["max_lr"] == 6e-3
     assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
     with pytest.raises(UserError, match="--recipe='new': use gpt2"):
-        train_gpt2.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
+        settings.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
     from accounting import count_params  # the presets are GPT-2's sizes
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
                     "1558M": 1_557_611_200}.items():
-        p = train_gpt2.SIZES[size]
+        p = settings.SIZES[size]
         assert count_params(GPTConfig(n_layer=p["n_layer"], n_head=p["n_head"], n_embd=p["n_embd"])) == n
 
 
 def test_lr_schedule():
     s = train_gpt2.Settings(min_lr_ratio=0.1, warmup_steps=10, max_steps=110)
-    assert train_gpt2.get_lr(0, 1.0, s) == 0.1 and train_gpt2.get_lr(9, 1.0, s) == 1.0
-    assert math.isclose(train_gpt2.get_lr(60, 1.0, s), 0.55)
-    assert math.isclose(train_gpt2.get_lr(110, 1.0, s), 0.1)
-    assert all(train_gpt2.get_lr(i, 1.0, s) >= train_gpt2.get_lr(i + 1, 1.0, s) for i in range(10, 120))
-    assert train_gpt2.get_lr(60, 0.004, s) == pytest.approx(0.004 * 0.55)  # each role from its own peak
+    assert get_lr(0, 1.0, s) == 0.1 and get_lr(9, 1.0, s) == 1.0
+    assert math.isclose(get_lr(60, 1.0, s), 0.55)
+    assert math.isclose(get_lr(110, 1.0, s), 0.1)
+    assert all(get_lr(i, 1.0, s) >= get_lr(i + 1, 1.0, s) for i in range(10, 120))
+    assert get_lr(60, 0.004, s) == pytest.approx(0.004 * 0.55)  # each role from its own peak
 
 
 def test_help_lists_every_setting_from_the_settings_block():
@@ -363,15 +365,15 @@ def test_help_lists_every_setting_from_the_settings_block():
 
 
 def test_overrides_are_checked():
-    got = train_gpt2.parse_overrides(["--B=8", "--max_lr", "1e-3", "--compile=false",
-                                      "--total_batch_size=5.24288e5", "--log_dir", "x"])
+    got = settings.parse_overrides(["--B=8", "--max_lr", "1e-3", "--compile=false",
+                                    "--total_batch_size=5.24288e5", "--log_dir", "x"], train_gpt2.Settings, SCRIPT)
     assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
     for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
                         (["--B=eight"], "--B='eight' is not a whole number"), (["--B=2.5"], "is not a whole"),
                         (["--compile=maybe"], "is not True or False"), (["B=3"], "expected --name=value"),
                         (["--B", "--T=3"], "--B needs a value: --B=VALUE")]:
         with pytest.raises(UserError, match=match):
-            train_gpt2.parse_overrides(argv)
+            settings.parse_overrides(argv, train_gpt2.Settings, SCRIPT)
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -583,7 +585,8 @@ def test_compile_is_not_used_on_an_apple_gpu(text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
     from runtime import Runtime
-    s, _, notes = train_gpt2.resolve({"compile": True, "data_root": text}, Runtime(kind="mps", device="mps"))
+    s, _, notes = settings.combine(train_gpt2.Settings, {"compile": True, "data_root": text},
+                                   Runtime(kind="mps", device="mps"))
     assert s.compile is False
     assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
     assert not any("C++ compiler" in note for note in notes)
@@ -624,8 +627,8 @@ def test_extending_a_finished_run_says_where_the_learning_rate_goes(tmp_path, ca
     shutil.copytree(reference[2], log)
     assert train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=12", "--eval_interval=12"]) == 0
     s = dataclasses.replace(train_gpt2.Settings(), max_lr=3e-3, warmup_steps=2)  # run_args' schedule
-    was = train_gpt2.get_lr(8, 3e-3, dataclasses.replace(s, max_steps=8))
-    now = train_gpt2.get_lr(8, 3e-3, dataclasses.replace(s, max_steps=12))
+    was = get_lr(8, 3e-3, dataclasses.replace(s, max_steps=8))
+    now = get_lr(8, 3e-3, dataclasses.replace(s, max_steps=12))
     assert (f"NOTE: the learning rate of step 9 is {now:.2e} on the new schedule, {was:.2e} on the run's "
             f"(max_steps 8 -> 12): it jumps up, then decays to the new end") in capsys.readouterr().out
     assert max(losses(log)) == 12
@@ -636,7 +639,7 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     with a NOTE naming both (before, an error named a B the user never set)."""
     from runtime import Runtime
     cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
-    cfg, notes = train_gpt2.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
+    cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
                                             Runtime(kind="cuda"))
     assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
                                         "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]

@@ -1,0 +1,434 @@
+"""A training run's settings, resolved once at start-up, before any model is built: the settings block at the
+top of train_gpt2.py (where users edit them), then the command line (--name=value), the size and recipe
+presets, the fallbacks without data or a GPU, the checks, the run in log_dir to continue (what a resume may
+change) and the shape of the weights it starts from, and the micro-batch that fits the GPU. The result is one
+frozen Settings, holding the device and dtype that run (no "auto" left), which the log records as it ran.
+
+A setting that cannot work is a UserError naming it and the fix; one that works but is likely a mistake, or
+that a fallback changed, is a NOTE printed as it is decided.
+"""
+import ast
+import dataclasses
+import difflib
+import math
+import os
+
+import torch
+
+import runtime
+from accounting import count_params, training_memory
+from checkpoint import Resume, checkpoints, model_config, read_newest, space_note
+from dataloader import make_shards, split_rows
+from errors import UserError, check_range
+from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
+from optimizers import get_lr
+from runlog import hold_log_dir
+from runtime import print0
+from trackers import TRACKERS
+
+# --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
+# nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
+RECIPES = {"gpt2": {}, "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon",
+                                  "max_lr": 6e-3, "embed_lr": 0.004, "head_lr": 0.004}}
+PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
+SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
+         for name, shape in GPT2_SIZES.items()}
+FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
+SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
+    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
+    checkpoint_interval=300)
+CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
+    total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
+    warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
+    compile=False)
+# the valid values of every numeric setting, as check_range's (low, high, above) bounds
+RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
+                                          "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
+                                          "checkpoint_interval", "keep_checkpoints", "collective_timeout")},
+          **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
+                                          "seed", "eval_B")},
+          **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
+          "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
+# the settings that a model's weights decide
+MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
+# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
+# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
+# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
+STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+FIXED = SHAPE + STREAM + ("optimizer",)
+# what a checkpoint written before a setting existed ran with
+BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
+KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+
+
+def settings_type(block):
+    """The frozen dataclass of a settings block ({name: default}): s.B, s.max_lr, ..., read-only."""
+    return dataclasses.make_dataclass("Settings", [(k, type(v), v) for k, v in block.items()], frozen=True)
+
+
+def defaults(Settings):
+    """{name: default}: the settings block that Settings was made from."""
+    return {f.name: f.default for f in dataclasses.fields(Settings)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the whole resolution, in order
+
+def resolve(Settings, argv, script):
+    """(settings, runtime, resume, notes) of a run of `script` (train_gpt2.py, whose settings block made
+    Settings) with the command line argv. In order: the overrides; the process group, this rank's GPU, TF32
+    and the dtype (runtime.setup); the presets, fallbacks and checks (combine); this run's hold on log_dir;
+    the run in it to continue, if any (resume: a checkpoint.Resume, whose `finished` says there is nothing to
+    do); the shape of the weights a fine-tune starts from; the micro-batch that fits the GPU, the disk's room
+    and the validation split's size. Each NOTE is printed as it is decided and returned for the log."""
+    given = parse_overrides(argv, Settings, script)  # a misspelt name or a value of the wrong type stops here
+    asked = {**defaults(Settings), **given}
+    check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
+    rt = runtime.setup(asked["device"], asked["dtype"], asked["collective_timeout"])
+    s, given, notes = combine(Settings, given, rt)
+    notes = rt.notes + notes
+    for note in notes:
+        print0(f"NOTE: {note}")
+    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
+    s, resume = continue_run(s, given, rt)  # None, or the run in log_dir to continue
+    if resume is not None and resume.finished:
+        return s, rt, resume, notes
+    if resume is None and s.init_from != "scratch":  # the weights decide the shape; T within their positions
+        s = weights_shape(s, given, model_config(s.init_from), s.init_from)
+    if resume is not None and (note := schedule_change(s, resume)):
+        print0(f"NOTE: {note}")
+    s, memory_notes = fit_memory(s, given, rt)  # a B the GPU holds, found before minutes of compiling
+    if not s.eval_only:
+        memory_notes += space_note(s.log_dir, count_params(model_shape(s)))
+    s, val_notes = one_validation_pass(s)
+    for note in memory_notes + val_notes:
+        print0(f"NOTE: {note}")
+    return s, rt, resume, notes + memory_notes + val_notes
+
+
+def model_shape(s):
+    """The GPTConfig of settings s: the model a run from scratch builds (a resume or fine-tune has its
+    weights' shape in s by then, so this is theirs too)."""
+    return GPTConfig(**{k: getattr(s, k) for k in MODEL}, grad_checkpoint=s.grad_checkpoint)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the command line, and --help from the settings block
+
+def settings_help(Settings, script):
+    """--help: the script's docstring, then each setting with its default and the comments beside or above it,
+    read from the settings block of the script (so it cannot drift from it)."""
+    with open(script, encoding="utf-8") as f:
+        source = f.read()
+    block = source.split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]
+    lines, above, block_defaults = [], [], defaults(Settings)
+    for line in block:
+        code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
+        if not code:
+            above.append(comment)
+            continue
+        name = code.split(" = ")[0]
+        lines.append(f"  --{name}={block_defaults[name]!r}".ljust(34) + " ".join(above + [comment]).strip())
+        above = []
+    name = os.path.basename(script)
+    return (f"{ast.get_docstring(ast.parse(source)).strip()}\n\nSettings (--name=value or --name value; the "
+            f"defaults are the settings block at the top of {name}):\n" + "\n".join(lines))
+
+
+def parse_overrides(argv, Settings, script):
+    """{name: value} of the command line's --name=value (or --name value) pairs, each checked against the
+    settings' names and converted to its type; --help prints the settings and exits."""
+    block, overrides, argv = defaults(Settings), {}, list(argv)
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("-h", "--help"):
+            print(settings_help(Settings, script))
+            raise SystemExit(0)
+        if not arg.startswith("--") or arg == "--":
+            raise UserError(f"expected --name=value, got {arg!r} (python train_gpt2.py --help lists the "
+                            f"settings)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:  # --name value
+            if not argv or argv[0].startswith("--"):
+                raise UserError(f"--{key} needs a value: --{key}=VALUE")
+            value = argv.pop(0)
+        if key not in block:
+            close = difflib.get_close_matches(key, block, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
+            raise UserError(f"unknown setting {key!r}{hint}")
+        kind = type(block[key])
+        try:
+            if kind is bool:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                overrides[key] = value.lower() in ("true", "1")
+            elif kind is int:  # also 1e8 or 5.24288e5, as long as it is a whole number
+                if not float(value).is_integer():
+                    raise ValueError
+                overrides[key] = int(float(value))
+            else:
+                overrides[key] = kind(value)
+        except ValueError:
+            raise UserError(f"--{key}={value!r} is not {KINDS[kind]} (default: {block[key]!r})") from None
+    return overrides
+
+
+# ------------------------------------------------------------------------------------------------------------
+# presets, fallbacks, checks
+
+def combine(Settings, given, rt):
+    """(settings, given, notes): the settings block, then the command line (`given`), the size and recipe
+    presets, the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that
+    order, with the device kind and dtype rt runs. given comes back with the presets chosen on the command
+    line counted as given. A setting that cannot work is a UserError."""
+    cfg, given = apply_presets({**defaults(Settings), **given}, given)
+    cfg, notes = apply_fallbacks(cfg, given, rt)
+    notes += validate(cfg, rt)
+    if cfg["compile"] and rt.kind == "mps":
+        notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
+        cfg["compile"] = False
+    elif cfg["compile"] and (why := runtime.compile_blocker(rt)):
+        notes.append(f"compile=True but {runtime.eager_note(why)}")
+        cfg["compile"] = False
+    return Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype}), given, notes
+
+
+def apply_presets(cfg, given):
+    """(cfg, given) with the size preset's and then the recipe's settings, except those given on the command
+    line. A preset chosen on the command line counts as its settings given there (the CPU fallback keeps
+    them)."""
+    if cfg["size"] and cfg["size"] not in SIZES:
+        raise UserError(f"--size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
+                        f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
+    if cfg["recipe"] not in RECIPES:
+        raise UserError(f"--recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
+    for name, presets in (("size", SIZES), ("recipe", RECIPES)):
+        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in given}
+        cfg, given = {**cfg, **preset}, ({**given, **preset} if name in given else given)
+    return cfg, given
+
+
+def apply_fallbacks(cfg, given, rt):
+    """(cfg, notes): without shards at the shipped data_root, train on input.txt (a plain `python` run only:
+    under torchrun that is a mistake); without a GPU, a small model. Both with settings to match, except those
+    given on the command line. Their batch is a fixed number of tokens, whatever the number of processes (so
+    a resume may change it, as B): B is lowered where needed to keep it whole."""
+    small, notes = {}, []
+    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+        if rt.distributed:
+            raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
+                            f"directory you run from): make them there with `python fineweb.py`, or pass "
+                            f"--data_root=PATH")
+        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
+                     + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
+        small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
+    if rt.kind != "cuda":
+        small_model = cfg["init_from"] in ("scratch", "resume") and not set(MODEL) & set(given)
+        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training")
+                     + (" a small model" if small_model else "") + " with a small batch on the CPU (settings "
+                     "given on the command line are kept)")
+        small.update(CPU_CONFIG)
+    cfg = {**cfg, **{k: v for k, v in small.items() if k not in given}}
+    fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+    if "B" not in given and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
+        b = next((b for b in fits if b <= cfg["B"]), cfg["B"])  # the largest B that keeps the batch whole
+        if not small:
+            notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
+                         f"into whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B "
+                         "to choose)")
+        cfg["B"] = b
+    return cfg, notes
+
+
+def validate(cfg, rt):
+    """The first setting that cannot work is a UserError naming the fix, raised before any model or log_dir
+    exists. Returns NOTEs on settings that work but are likely mistakes."""
+    if cfg["optimizer"] not in ("adamw", "muon"):
+        raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
+    if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
+        raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
+                        f"{','.join(TRACKERS)}, or \"\" for none")
+    if cfg["fsdp"] and runtime.torch_older_than(runtime.MIN_TORCH):  # FSDP2 changed most before 2.9
+        raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
+                        f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
+                        f"upgrade torch or drop --fsdp (DDP)")
+    if cfg["optimizer"] == "muon" and cfg["fsdp"]:
+        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
+                        "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
+                        "--optimizer=adamw")
+    if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
+        raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
+                        "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
+    if cfg["fsdp"] and not rt.distributed:
+        raise UserError("--fsdp=True shards the model over the processes torchrun starts: run it as "
+                        "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
+    if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
+        raise UserError(f"--log_dir={cfg['log_dir']} is a file, not a directory: choose another --log_dir")
+    if not os.path.exists(cfg["data_root"]):
+        raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
+                        "point --data_root at a .txt, .jsonl or .parquet file")
+    for key, bounds in RANGES.items():
+        check_range(f"--{key}", cfg[key], *bounds)
+    if cfg["T"] > cfg["block_size"] and cfg["init_from"] in ("scratch", "resume"):  # weights: their own
+        raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
+    row = cfg["T"] * rt.world_size  # tokens of one row on every process
+    if cfg["total_batch_size"] % row:
+        raise UserError(f"total_batch_size={cfg['total_batch_size']:,} is not a multiple of T*world_size = "
+                        f"{cfg['T']}*{rt.world_size} = {row:,}: use a multiple of it, such as "
+                        f"{max(1, round(cfg['total_batch_size'] / row)) * row:,}, or change T")
+    if cfg["total_batch_size"] % (cfg["B"] * row):  # a B given on the command line
+        fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+        raise UserError(f"--B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
+                        f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes: use one of "
+                        f"{', '.join(map(str, fits[:6]))}")
+    if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
+        return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
+                f"reaches max_lr (lower --warmup_steps)"]
+    return []
+
+
+def micro_batches(total_batch_size, T, world_size):
+    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
+    first."""
+    rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
+    return [b for b in range(rows, 0, -1) if rows % b == 0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the run in log_dir, and the weights' shape
+
+def continue_run(s, given, rt):
+    """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
+    built. A log_dir with checkpoints is continued (the same command again continues it, a fine-tune too):
+    unless --init_from=scratch was given, or init_from names other weights than those the run started from
+    (both refused: they would start a second run whose checkpoints rotation mixes with the first's). The
+    settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint that verifies and shares
+    the verdict; a finished run, or a change of a FIXED setting, ends the run."""
+    existing = checkpoints(s.log_dir)
+    if s.eval_only and existing:
+        raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
+    if s.init_from == "scratch" and existing and "init_from" in given:
+        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
+                        "or choose another --log_dir")
+    if not existing:
+        if s.init_from == "resume":
+            raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
+        return s, None
+    meta, ckpt = read_newest(s.log_dir, rt)
+    origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
+    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
+        raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
+                        f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
+    s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
+    if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
+        s = weights_shape(s, given, meta["model_config"], s.init_from)
+    s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
+    finished = meta["step"] >= s.max_steps
+    # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
+    unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
+    if finished and not unevaluated:
+        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
+               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        return s, Resume(meta, None, finished=True)
+    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
+           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
+    for change in changes:
+        print0(f"NOTE: {change}")
+    return s, Resume(meta, ckpt, unevaluated=unevaluated)
+
+
+def resume_settings(saved, s, saved_world, world_size, log_dir):
+    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
+    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
+    are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
+    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
+    fixed = [k for k in FIXED if saved[k] != now[k]]
+    if fixed:
+        raise UserError(f"the run in {log_dir} has "
+                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
+                        + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
+                        "new one with --log_dir=NEW")
+    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}" for k, v in now.items()
+             if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
+    if saved_world != world_size:
+        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
+    return s, notes
+
+
+def weights_shape(s, given, config, origin):
+    """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
+    place of the settings block's: what ran is what the log records. A shape setting given on the command line
+    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
+    differ = [k for k in MODEL if k in given and given[k] != config[k]]
+    if differ:
+        why = " (--recipe sets them)" if "recipe" in given else ""
+        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
+                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
+    if s.T > config["block_size"]:
+        raise UserError(f"T={s.T}, but {origin} has {config['block_size']} positions (block_size): use "
+                        f"--T={config['block_size']} or less")
+    return dataclasses.replace(s, **{k: config[k] for k in MODEL})
+
+
+def schedule_change(s, resume):
+    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
+    min_lr_ratio or max_lr changed): what the next step's is on each."""
+    saved = {k: resume.meta["config"].get(k, defaults(type(s))[k])
+             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
+    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
+    if not changed:
+        return None
+    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
+                (dataclasses.replace(s, **changed), s))
+    if math.isclose(was, now, rel_tol=0.01):
+        return None
+    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
+            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
+            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# what the hardware and the data hold
+
+def memory_estimate(s, rt, B):
+    """accounting.py's training memory per process in bytes at micro-batch B, for the settings' model, dtype
+    and wrapping (FSDP shards over the ranks)."""
+    return training_memory(model_shape(s), B, s.T, s.dtype, rt.world_size if s.fsdp else 1)["total"]
+
+
+def fit_memory(s, given, rt):
+    """(settings, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
+    compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
+    (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
+    if rt.memory is None:  # not a CUDA GPU
+        return s, []
+    budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
+    need = {b: memory_estimate(s, rt, b) for b in micro_batches(s.total_batch_size, s.T, rt.world_size)}
+    if need[s.B] <= budget:
+        return s, []
+    fits = next((b for b in need if b < s.B and need[b] <= budget), None)
+    said = (f"B={s.B} needs an estimated {need[s.B] / 2**30:.1f} GiB per process of the GPU's "
+            f"{rt.memory / 2**30:.1f} GiB")
+    if fits is None:
+        return s, [f"{said}, and no smaller B fits: expect to run out of memory (try --grad_checkpoint=True, "
+                   f"or --fsdp=True over more GPUs)"]
+    if "B" in given:
+        return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
+    return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to "
+                                            f"choose)"]
+
+
+def one_validation_pass(s):
+    """(settings, notes): val_tokens at most the validation split's rows of T tokens, so no row counts
+    twice."""
+    rows = split_rows(s.data_root, "val", s.T)
+    if s.val_tokens // s.T <= rows:
+        return s, []
+    return dataclasses.replace(s, val_tokens=rows * s.T), [
+        f"val_tokens={s.val_tokens:,} but the validation split holds {rows:,} rows of {s.T} tokens: "
+        f"evaluating on those, once each"]
