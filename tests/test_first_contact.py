@@ -167,6 +167,36 @@ def test_a_mistyped_option_is_one_line():
                           "argument --workers: invalid int value: 'two' (python fineweb.py --help lists")
 
 
+def test_every_entry_point_ends_through_one_guard(monkeypatch, capsys):
+    """errors.main_guard: main()'s status is the exit status (None: 0); a UserError is its line on stderr and
+    status 1, said by each node's first process only (LOCAL_RANK 0: every rank meets the same mistake), and a
+    process that may hold a process group ends through exit_process, waiting for the others only after a
+    success. Every entry point's __main__ is that one call."""
+    import ast
+    from errors import UserError, main_guard
+    ended = []
+
+    def exit_process(status, wait):
+        ended.append((status, wait))
+        raise SystemExit(status)
+
+    def mistake():
+        raise UserError("--x=1: use 2")
+    for main, local_rank, status, said in [(lambda: 3, "0", 3, ""), (lambda: None, "0", 0, ""),
+                                           (mistake, "0", 1, "error: --x=1: use 2\n"), (mistake, "1", 1, "")]:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        for exit in (exit_process, None):
+            with pytest.raises(SystemExit) as e:
+                main_guard(main, exit)
+            assert e.value.code == status and capsys.readouterr().err == said
+    assert ended == [(3, True), (0, True), (1, False), (1, False)]
+    for name in ("train_gpt2", "hellaswag", "sample", "fineweb", "checkpoint", "plot", "bench"):
+        with open(os.path.join(ROOT, f"{name}.py")) as f:
+            guarded = [node for node in ast.parse(f.read()).body if isinstance(node, ast.If)][-1]
+        assert ast.unparse(guarded.test) == "__name__ == '__main__'" and len(guarded.body) == 1, name
+        assert ast.unparse(guarded.body[0]).startswith("main_guard("), name
+
+
 def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monkeypatch, capsys):
     """checkpoint.py CKPT --hf DIR verifies the checkpoint and writes it with GPT-2's tokenizer files.
     Offline, transformers' AutoTokenizer on DIR spells every token as tiktoken does and encodes text into the

@@ -34,6 +34,7 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     recs = records(log)
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
+    assert (start["config"]["device"], start["config"]["dtype"]) == ("cpu", "fp32")  # what ran, not "auto"
     assert len(start["fallbacks"]) == 2 and start["config"]["n_layer"] == 2  # command-line settings kept
     loss = losses(log)
     assert sorted(loss) == list(range(1, 31))
@@ -244,7 +245,8 @@ def test_resume_settings():
     from model import GPTConfig
     Settings = train_gpt2.Settings
     saved = dict(train_gpt2.CONFIG, B=4)
-    s, notes = settings.resume_settings(saved, Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2)), 2, 2, "log")
+    changed = Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2))
+    s, notes = settings.resume_settings(saved, changed, 2, 2, "log")
     assert s.B == 2 and s.max_lr == 1e-3 and s.embed_lr == 0.2
     assert notes == ["B changed since the checkpoint: 4 -> 2",
                      "max_lr changed since the checkpoint: 0.0006 -> 0.001",
@@ -259,6 +261,11 @@ def test_resume_settings():
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
     assert settings.resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
+    # a device and dtype saved as "auto" (before settings held what ran) are not a change
+    now = Settings(**dict(saved, device="cpu", dtype="fp32"))
+    assert settings.resume_settings(dict(saved, device="auto", dtype="auto"), now, 1, 1, "log")[1] == []
+    assert settings.resume_settings(dict(saved, device="cpu", dtype="bf16"), now, 1, 1, "log")[1] == [
+        "dtype changed since the checkpoint: 'bf16' -> 'fp32'"]
     with pytest.raises(UserError, match="untied_head=False \\(now True\\)"):
         settings.resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
 
@@ -310,7 +317,7 @@ def test_size_and_recipe_presets():
     from model import GPTConfig
     from runtime import Runtime
     cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
-                                              {"size": "350M", "n_layer": 4})
+                                            {"size": "350M", "n_layer": 4})
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
     assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
     # chosen on the command line: the CPU fallback keeps the preset's shape
@@ -324,7 +331,7 @@ def test_size_and_recipe_presets():
     assert settings.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
     # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
     cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
-                                              {"recipe": "modern", "rotary": False})
+                                            {"recipe": "modern", "rotary": False})
     assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and overrides["max_lr"] == 6e-3
     assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
@@ -365,8 +372,8 @@ def test_help_lists_every_setting_from_the_settings_block():
 
 
 def test_overrides_are_checked():
-    got = settings.parse_overrides(["--B=8", "--max_lr", "1e-3", "--compile=false",
-                                    "--total_batch_size=5.24288e5", "--log_dir", "x"], train_gpt2.Settings, SCRIPT)
+    argv = ["--B=8", "--max_lr", "1e-3", "--compile=false", "--total_batch_size=5.24288e5", "--log_dir", "x"]
+    got = settings.parse_overrides(argv, train_gpt2.Settings, SCRIPT)
     assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
     for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
                         (["--B=eight"], "--B='eight' is not a whole number"), (["--B=2.5"], "is not a whole"),
@@ -532,9 +539,9 @@ def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, statu
 def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
     """val_tokens beyond the validation split: a NOTE, and the loss of one pass over it (no row counted
     twice). The split of the tiny text holds 55 rows of 32 tokens."""
-    from dataloader import DataLoaderLite
+    from dataloader import DataLoaderLite, split_rows
     args = TINY + [f"--data_root={text}", "--max_steps=1", "--eval_interval=1"]
-    assert DataLoaderLite(4, 32, 0, 1, "val", text).rows_total == 55
+    assert DataLoaderLite(4, 32, 0, 1, "val", text).rows_total == 55 == split_rows(text, "val", 32)
     train_gpt2.main(args + ["--val_tokens=100000", f"--log_dir={tmp_path / 'many'}"])
     assert ("NOTE: val_tokens=100,000 but the validation split holds 55 rows of 32 tokens: evaluating on "
             "those, once each") in capsys.readouterr().out
@@ -640,6 +647,6 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     from runtime import Runtime
     cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
     cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
-                                            Runtime(kind="cuda"))
+                                          Runtime(kind="cuda"))
     assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
                                         "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
