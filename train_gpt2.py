@@ -179,7 +179,7 @@ class Models(NamedTuple):
 @dataclasses.dataclass
 class Run:
     """A training run's state: the loop, evaluate() and checkpoint.save_run read it."""
-    s: object  # Settings, resolved
+    s: Settings  # resolved once (settings.resolve)
     rt: Runtime
     models: Models
     optimizers: list
