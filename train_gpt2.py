@@ -366,7 +366,7 @@ def make_train_step(models, optimizers, scaler, rt, grad_clip):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# what every rank must agree on after a step (runlog.RunLog writes the log)
+# stopping: what every rank agrees on after a step, the stop signals, and the failures that name their fix
 
 def agree(stop, error, rt):
     """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log
@@ -377,7 +377,6 @@ def agree(stop, error, rt):
         stop, failed = (int(v) for v in flags.tolist())
         error = runtime.broadcast_object(error) if failed else None
     return stop, error
-
 
 
 @contextlib.contextmanager

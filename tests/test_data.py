@@ -18,7 +18,6 @@ from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from tokenizer import get_encoding
 
 
-
 def reference(docs):
     enc = get_encoding()
     return np.array([t for d in docs for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
