@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import runtime
 import settings
 from accounting import Clock, duration, mfu, peak_flops
-from checkpoint import Resume, load_model, save_run
+from checkpoint import load_model, save_run
 from dataloader import DataLoaderLite
 from errors import UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
@@ -190,9 +190,13 @@ class Run:
     examples: Prepared | None  # HellaSwag's batches (hellaswag=0: None)
     log: RunLog
     clock: Clock
-    accum_steps: int  # micro-steps a step
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
+
+    @property
+    def accum_steps(self):
+        """Micro-steps a step: total_batch_size over B rows of T tokens on every process."""
+        return self.s.total_batch_size // (self.s.B * self.s.T * self.rt.world_size)
 
 
 def start_run(s, rt, resume, notes):
@@ -209,7 +213,7 @@ def start_run(s, rt, resume, notes):
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples,
-              RunLog(metrics_path(s.log_dir), rt), clock, s.total_batch_size // (s.B * s.T * rt.world_size))
+              RunLog(metrics_path(s.log_dir), rt), clock)
     if resume is not None:
         run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
         run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
@@ -220,7 +224,7 @@ def start_run(s, rt, resume, notes):
     return run
 
 
-def build_model(s, resume: Resume | None):
+def build_model(s, resume):
     """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF
     folder or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
     if resume is not None:
@@ -263,7 +267,7 @@ def wrap_model(raw_model, s, rt):
         # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast
         # would cast them anyway) and their gradients reduced in fp32. The root stays fp32, and so does the
         # residual stream between the blocks (cast_forward_inputs=False), as under DDP.
-        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rt.dtype)
+        low = None if rt.dtype == "fp32" else runtime.TORCH_DTYPES[rt.dtype]
         mixed = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None,
                                      cast_forward_inputs=False)
         for block in raw_model.transformer.h:
