@@ -1,11 +1,13 @@
-"""The acceleration ladder: GPT-2 training throughput as each speed-up is switched on, measured.
+"""The acceleration ladder: GPT-2 training throughput as each speed-up is switched on, measured; and every
+GPU figure README quotes, in one command.
 
     python bench.py                      # CUDA: GPT-2 124M, B=16, T=1024; CPU: a small model (a smoke test)
     python bench.py --B 32 --out bench.md
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
-    python bench.py --gpu-check          # check what we claim on an NVIDIA GPU, then the ladder: gpu_check.md
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
+    python bench.py --only step --B 64   # the training step as train_gpt2.py runs it, at B=64
+    python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
@@ -16,12 +18,9 @@ cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generati
 accounting.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
 kernel (fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
 
---gpu-check verifies, then reports (one file; exit status 1 if a check fails): SDPA really runs a fused
-attention kernel, flash, cuDNN or memory-efficient, not the math fallback (torch.profiler; named in the
-report); the Triton softmax is compiled for the GPU and equals torch.softmax; a 2-layer train_gpt2.py run
-under torchrun (1 process, NCCL) with torch.compile, gradient accumulation, inline val loss, HellaSwag,
-sampling and a checkpoint finishes without recompiling at every evaluation, with fused AdamW and TF32 matmuls
-on; then the ladder at GPT-2 124M. tests/test_gpu.py runs the same checks under pytest.
+--report DIR runs report.py's sections, each in its own process (the GPU checks of tests/test_gpu.py, the
+ladder, the step at B=16 and 64, train_gpt2.py's first steps, generation, HellaSwag, memory), keeping each
+one's raw output beside DIR/report.md, which names the GPU, the versions, the date and the commit.
 """
 import contextlib
 import dataclasses
@@ -96,17 +95,22 @@ def time_steps(step, device, steps, warmup):
     return statistics.median(times), peak
 
 
-def ladder(size, B, T, rt, steps, warmup, skip):
+def ladder(size, B, T, rt, steps, warmup, skip, last_only=False):
+    """The table of rungs (last_only: only the last, every switch but skip's on: the training step as
+    train_gpt2.py runs it), measured at B x T."""
     device = rt.kind
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
     lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
+    last = [name for name, _ in RUNGS if name not in skip][-1]
     for name, switch in RUNGS:
         if name in skip:
             continue
         s.update(switch)
+        if last_only and name != last:
+            continue
         try:
             step = training_step(size, s, B, T, rt)
             dt, mem = time_steps(step, device, steps, warmup)
@@ -120,7 +124,8 @@ def ladder(size, B, T, rt, steps, warmup, skip):
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        lines.append(f"| {LABEL[name]} | {dt * 1000:.1f} | {tok_s:,.0f} | "
+        label = f"every rung, B={B}" if last_only else LABEL[name]
+        lines.append(f"| {label} | {dt * 1000:.1f} | {tok_s:,.0f} | "
                      f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
                      f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
@@ -214,44 +219,63 @@ def breakdown(step, device, step_time, steps=3, trace=None):
     return lines
 
 
+def decode_bytes(model, batch):
+    """The fewest bytes one cached decode step reads: every weight once (embeddings but the looked-up rows:
+    wpe and wte's rows are gathered, lm_head = wte is read whole) and the whole preallocated KV-cache, which
+    every step attends over with a mask (model.KVCache)."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
+    cache = 2 * c.n_layer * batch * c.n_kv_head * c.block_size * c.head_dim * model.lm_head.weight.element_size()
+    return weights + cache
+
+
 def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_len=8):
     """Greedy generate() at each (batch, new tokens) of runs: tokens/s with the KV-cache (compile: the decode
     step compiled and, on CUDA, a CUDA graph; the compiling and warm-up of each batch size timed apart,
-    once) against recomputing the whole sequence every token (eager, timed on its second run so that
-    per-shape setup, cuDNN's attention plans, stays out), and the share of tokens both give (in bf16,
-    rounding can flip a near-tie between two logits, and the sequences part there)."""
+    once), the time to the first token (the prompt's prefill and its pick), the memory bandwidth a decode
+    step uses (decode_bytes over its time), against recomputing the whole sequence every token (eager, timed
+    on its second run so that per-shape setup, cuDNN's attention plans, stays out), and the share of tokens
+    both give (in bf16, rounding can flip a near-tie between two logits, and the sequences part there)."""
     device = rt.device
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
+    bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
         "compiled decode step" if compile else "eager"
-    lines = [f"generation (greedy, prompt {prompt_len} tokens, {rt.dtype}; KV-cache: {how}):", "",
-             "| batch | new tokens | KV-cache tok/s | recomputing tok/s | cache / recompute | same tokens "
-             "| compiling and warm-up |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"generation (greedy, prompt {prompt_len} tokens, {rt.dtype}; KV-cache: {how}; bandwidth: the "
+             f"weights and the whole cache read once a decode step"
+             + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
+             "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing tok/s "
+             "| cache / recompute | same tokens | compiling and warm-up |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     warmed = set()
+
+    def timed(fn):
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        return out, time.perf_counter() - t0
     for batch, new in runs:
         idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
-        rates, outs, warm = {}, {}, ""
+        seconds, outs, warm = {}, {}, ""
         with autocast(device, rt.dtype):
             if batch not in warmed:  # a decode step per batch size: compiled and captured once
-                synchronize(device)
-                t0 = time.perf_counter()
-                model.generate(idx, 2, top_k=1, compile=compile)
-                synchronize(device)
-                warm = f"{time.perf_counter() - t0:.1f} s"
+                warm = f"{timed(lambda: model.generate(idx, 2, top_k=1, compile=compile))[1]:.1f} s"
                 warmed.add(batch)
+            _, first = timed(lambda: model.generate(idx, 1, top_k=1, compile=compile))
             for use_cache in (True, False):
                 for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
-                    synchronize(device)
-                    t0 = time.perf_counter()
-                    outs[use_cache] = model.generate(idx, new, top_k=1, use_cache=use_cache,
-                                                     compile=compile)
-                    synchronize(device)
-                rates[use_cache] = batch * new / (time.perf_counter() - t0)
+                    outs[use_cache], seconds[use_cache] = timed(lambda: model.generate(
+                        idx, new, top_k=1, use_cache=use_cache, compile=compile))
+        rates = {k: batch * new / v for k, v in seconds.items()}
+        per_step = max(seconds[True] - first, 1e-9) / max(new - 1, 1)
+        gbs = decode_bytes(model, batch) / per_step / 1e9
+        used = f"{gbs:,.0f} GB/s" + ("" if bandwidth is None else f" ({gbs * 1e9 / bandwidth:.0%})")
         same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
-        lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {rates[False]:,.0f} | "
-                     f"{rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} |")
+        lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
+                     f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
@@ -353,6 +377,39 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     return out
 
 
+def hellaswag_cost(size, rt, data, batch_size, repeat=3):
+    """HellaSwag's cost on this device at the model size (random weights: the cost does not depend on them),
+    as a training run's evaluation pays it: tokenizing and packing (once a run), the first evaluation in the
+    process (cold: per-shape attention plans, kernels loaded), then each later one (warm)."""
+    import hellaswag
+    with tempfile.TemporaryDirectory() as tmp:
+        path = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), 64)
+        examples = hellaswag.load_examples(path)
+    model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
+    t0 = time.perf_counter()
+    prepared = hellaswag.Prepared(examples, rt, batch_size)
+    pack = time.perf_counter() - t0
+    seconds = []
+    for _ in range(repeat):
+        synchronize(rt.device)
+        t0 = time.perf_counter()
+        result = hellaswag.evaluate(model, prepared, rt)
+        seconds.append(time.perf_counter() - t0)
+    source = data or "64 examples cut from input.txt (no --hellaswag_data)"
+    lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a forward, "
+             f"{len(prepared.batches)} batches, acc_norm {result['acc_norm']:.4f} of random weights):", "",
+             "| tokenize and pack | first evaluation (cold) | later evaluations (warm) | examples/s (warm) |",
+             "| ---: | ---: | ---: | ---: |",
+             f"| {pack:.2f} s | {seconds[0]:.2f} s | {', '.join(f'{x:.2f} s' for x in seconds[1:])} | "
+             f"{len(examples) / statistics.median(seconds[1:]):,.0f} |", ""]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+ONLY = ("training", "step", "generation", "hellaswag", "memory", "softmax")
+EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
+
+
 def main():
     parser = command_line(__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -367,18 +424,29 @@ def main():
     parser.add_argument("--trace", default=None,
                         help="write the profiled steps as a Chrome trace (JSON) here, "
                         "for chrome://tracing or ui.perfetto.dev")
-    parser.add_argument("--gpu-check", action="store_true",
-                        help="verify fused attention, the Triton softmax, a compiled torchrun run with "
-                        "evaluations, fused AdamW and TF32 first; then the ladder only (report: --out, "
-                        "default gpu_check.md)")
-    parser.add_argument("--only", default=None, choices=["generation"],
-                        help="measure this alone: generation (KV-cache against recomputing, no ladder)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated parts to measure alone: {', '.join(ONLY)} (default: "
+                        f"{', '.join(EVERYTHING)}; step: the last rung alone at --B)")
     parser.add_argument("--hellaswag_data", default=None,
-                        help="--gpu-check: HellaSwag jsonl for the training run "
-                        "(default: examples cut from input.txt)")
+                        help="hellaswag_val.jsonl for --only hellaswag and --report (default: 64 examples "
+                        "cut from input.txt)")
+    parser.add_argument("--report", default=None, metavar="DIR",
+                        help="every GPU figure: each part of report.SECTIONS in its own process, its raw "
+                        "output and DIR/report.md; a rerun continues where one stopped")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="--report: stop the section still running after this many seconds (a rerun "
+                        "continues from it)")
+    parser.add_argument("--commit", default=None,
+                        help="--report: the commit these files are, where they are not a git checkout")
     args = parser.parse_args()
-    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
+    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0), ("budget", 1)):
         check_range(f"--{option}", getattr(args, option), low)
+    if args.report:
+        import gpu_report
+        return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit)
+    only = EVERYTHING if args.only is None else tuple(x for x in args.only.split(",") if x)
+    if not only or set(only) - set(ONLY):
+        raise UserError(f"--only {args.only}: parts are {', '.join(ONLY)}")
     rt = runtime.setup(args.device)
     cuda = rt.kind == "cuda"
     skip = {s for s in args.skip.split(",") if s}
@@ -399,52 +467,49 @@ def main():
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps "
               f"after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
-    failed = 0
-    if args.gpu_check:
-        results = gpu_check.run_checks(rt, args.hellaswag_data)
-        failed = sum(not ok for _, ok, _ in results)
-        lines = ["| check | result | detail |", "| --- | --- | --- |"]
-        lines += [f"| {name} | {'ok' if ok else 'FAILED'} | {detail.replace('|', '/')} |"
-                  for name, ok, detail in results]
-        lines += ["", f"{len(results) - failed} of {len(results)} checks passed", ""]
-        print("\n".join(lines), flush=True)
-        report += lines
-        args.out = args.out or "gpu_check.md"
-    compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
-    runs = ((1, 256), (8, 256), (1, 512)) if cuda else ((1, 32), (4, 32))
-    if args.only == "generation":
-        return finish(report + generation(size, rt, compile, runs), args.out, failed)
-    lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, skip)
-    report += lines + [""]
-    print()
-    if args.gpu_check:  # the checks and the ladder, nothing more
-        return finish(report, args.out, failed)
-    if last_step is not None:
-        extra = breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""]
-        del last_step  # frees the last rung's model before the largest-batch search
-        for line in extra:
-            print(line, flush=True)
-        report += extra
-    report += generation(size, rt, compile, runs)
-    extra = memory(size, last_s, B, T, rt, last_mem)
-    extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]
-    if cuda:
-        extra += softmax_bandwidth(rt.kind)
-    else:
-        extra += ["measured largest micro-batch and softmax kernel GB/s: CUDA only"]
-    for line in extra:
-        print(line, flush=True)
-    report += extra
-    finish(report, args.out, failed)
+    all_on = dict(BASE)
+    for rung, switch in RUNGS:
+        all_on.update({} if rung in skip else switch)
+    last_s, last_mem = all_on, None
+    for part in [p for p in ONLY if p in only]:
+        if part in ("training", "step"):
+            lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, skip,
+                                                                 last_only=part == "step")
+            report += lines + [""]
+            print()
+            if part == "training" and last_step is not None:
+                extra = breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""]
+                for line in extra:
+                    print(line, flush=True)
+                report += extra
+            del last_step  # frees the last rung's model before the memory measurements
+        elif part == "generation":
+            compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
+            runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))
+            report += generation(size, rt, compile, runs)
+        elif part == "hellaswag":
+            report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 16)
+        elif part == "memory":
+            extra = memory(size, last_s, B, T, rt, last_mem)
+            extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]
+            if not cuda:
+                extra += ["measured largest micro-batch: CUDA only", ""]
+            for line in extra:
+                print(line, flush=True)
+            report += extra
+        elif part == "softmax":
+            extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
+            for line in extra:
+                print(line, flush=True)
+            report += extra + [""]
+    finish(report, args.out)
 
 
-def finish(report, out, failed):
+def finish(report, out):
     if out:
         with open(out, "w") as f:
             f.write("\n".join(report) + "\n")
         print(f"wrote {out}")
-    if failed:
-        sys.exit(f"{failed} check(s) FAILED: see the report")
 
 
 if __name__ == "__main__":

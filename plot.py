@@ -146,10 +146,12 @@ def report(path, records, series, plot_file=None):
     if steps:
         tok_s = [r["tok_s"] for r in steps.values() if r.get("tok_s")]
         util = [r["mfu"] for r in steps.values() if r.get("mfu") is not None]
+        mem = [r["peak_memory"] for r in steps.values() if r.get("peak_memory") is not None]
         lines += [f"- steps: {max(steps):,} of {config.get('max_steps'):,}; tokens seen: "
                   f"{max(steps) * config.get('total_batch_size', 0):,}",
                   f"- training time: {duration(last.get('elapsed'))}; median {statistics.median(tok_s):,.0f} "
-                  "tok/s" + (f", median MFU {statistics.median(util):.1%}" if util else ""),
+                  "tok/s" + (f", median MFU {statistics.median(util):.1%}" if util else "")
+                  + (f"; a step's peak GPU memory {max(mem) / 2**30:.2f} GiB (rank 0)" if mem else ""),
                   f"- final train loss {last['loss']:.4f}"]
     lines += ["", "## Evaluation", ""]
     for key, name in (("val_loss", "val loss"), ("val_bpb", "val bits per byte"),

@@ -108,6 +108,18 @@ def device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory
 
 
+def reset_peak_memory(device):
+    """Start counting the peak of memory allocated on a CUDA device afresh (a host-side counter: no sync)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device):
+    """Bytes allocated at most on a CUDA device since reset_peak_memory (what a step needs, the figure to
+    choose B by); None for other devices."""
+    return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
+
+
 def synchronize(device):
     """Wait for the device's queued work (GPUs run asynchronously): before reading a clock."""
     kind = torch.device(device).type

@@ -123,6 +123,7 @@ def main(argv=None):
     with run.log, catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt), peer_timeout_hint(run):
         while run.step < s.max_steps:
             t0 = time.time()
+            runtime.reset_peak_memory(rt.device)  # this step's peak, not the run's (evaluations differ)
             set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
             scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
             loss, norm, skipped = train_step([run.train_loader.next_batch() for _ in range(run.accum_steps)])
@@ -134,14 +135,16 @@ def main(argv=None):
             lr = get_lr(step - 1, s.max_lr, s)
             tok_s = s.total_batch_size / dt
             util = mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)
+            mem = runtime.peak_memory(rt.device)  # this rank's; None off CUDA
             elapsed, eta = run.clock.elapsed(), run.clock.eta(step, s.max_steps)
             print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
                    f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
                    + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
+                   + ("" if mem is None else f" | peak memory {mem / 2**30:.2f} GiB")
                    + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
                    + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
-                      "tok_s": tok_s, "mfu": util, "elapsed": elapsed, "eta": eta}
+                      "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
             error = run.log.append([record])
             stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step

@@ -29,8 +29,8 @@ def test_bench_cpu_smoke(tmp_path):
                                            "+ vocab 50304", "+ fused AdamW"]
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
-    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d,]+) \| [\d.]+x \| (\d+)% \|", report,
-                           re.M)
+    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) ms \| ([\d,]+) GB/s \| ([\d,]+) \| "
+                           r"[\d.]+x \| (\d+)% \|", report, re.M)
     assert [(b, n) for b, n, *_ in generated] == [("1", "32"), ("4", "32")]
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert "accounting.py estimate" in report
@@ -197,3 +197,48 @@ def test_the_eta_counts_evaluations_at_the_recent_pace(monkeypatch):
         clock.lap(step)
     assert eta == (20 - 10) * 3.0 and clock.elapsed() == 50.0 + 10 + 5 * 4
     assert [accounting.duration(x) for x in (None, 13, 123, 3723)] == ["?", "13s", "2m03s", "1h02m03s"]
+
+
+def item_calls(fn):
+    """A CPU stand-in for CUDA's sync debug mode: the Tensor.item calls fn() makes (each a host sync on a
+    GPU)."""
+    import torch
+    calls, item = [0], torch.Tensor.item
+
+    def counted(self):
+        calls[0] += 1
+        return item(self)
+    torch.Tensor.item = counted
+    try:
+        fn()
+    finally:
+        torch.Tensor.item = item
+    return calls[0]
+
+
+def test_generation_check_fails_on_planted_defects(monkeypatch):
+    """gpu_check.check_generation's logic on a CPU (eager decoding, Tensor.item counted as the syncs): it
+    passes the real decoder, and fails on a cache that loses values, a sync per token, a counter that never
+    fires, and a comparison that covers too few steps."""
+    import model
+    from gpu_check import check_generation, generation_verdict
+    rt = Runtime()
+    ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+    assert ok, detail
+    assert "3 samples of one prompt: the same tokens as recomputing over 192 of 192" in detail
+    assert "0 / 0 host syncs at 4 / 32 new tokens, 1 with a deliberate one more" in detail
+
+    with monkeypatch.context() as m:  # a broken cache: values are never written
+        update = model.KVCache.update
+        m.setattr(model.KVCache, "update", lambda self, layer, k, v, pos: update(self, layer, k, v * 0, pos))
+        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+        assert not ok and "OTHER tokens than recomputing" in detail, detail
+    with monkeypatch.context() as m:  # a host sync at every token
+        pick = model.pick
+        m.setattr(model, "pick", lambda logits, *a, **k: pick(logits, *a, **k) + 0 * int(logits[0, 0].item()))
+        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+        assert not ok and "4 / 32 host syncs" in detail and "grow with the tokens" in detail, detail
+    ok, detail = check_generation(rt, compile=False, count_syncs=lambda fn: fn() or 0)  # a deaf counter
+    assert not ok and "the counter missed it" in detail, detail
+    ok, detail = generation_verdict({"3 prompts": (60, 192, True)}, (0, 0), 1)  # compared a third
+    assert not ok and "too few" in detail, detail

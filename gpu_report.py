@@ -1,0 +1,209 @@
+"""Every GPU figure README quotes, from one command: `python bench.py --report DIR`.
+
+Each section below runs in its own process (a crash or an out-of-memory in one loses no other), its output
+kept as DIR/<section>.log, its result as DIR/<section>.json; DIR/report.md is written again after each
+section: the GPU, the versions, the date, the commit and every command, then what each section measured. A
+rerun into the same DIR runs only the sections it does not hold for this commit and device, so a report too
+long for one sitting (a device call of 10 minutes) is finished by a second one. On a CPU the same sections
+run at a tiny size (the test suite does, so the command cannot rot): the figures then mean nothing.
+"""
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import torch
+
+from runlog import metrics_path, read_log
+from runtime import device_name, git_state
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def sections(out, cuda, device, hellaswag_data):
+    """[(name, title, argv)] in the order they run: the checks first, then what README's Speed section
+    quotes. On a CPU: tiny sizes, no compile (minutes on 2 cores)."""
+    py, dev = sys.executable, ["--device", device]
+    data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
+    quick = [] if cuda else ["--steps", "1", "--warmup", "1", "--skip", "compile"]
+    script = (["--max_steps=30", "--warmup_steps=5", "--val_tokens=16384"] if cuda else
+              ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
+               "--B=4", "--T=64", "--total_batch_size=512", "--max_steps=4", "--warmup_steps=1",
+               "--val_tokens=256"])
+
+    def bench(name, *args):
+        return [py, "bench.py", *args, *dev, "--out", os.path.join(out, f"{name}.md")]
+    return [
+        ("checks", "GPU checks (tests/test_gpu.py)",
+         [py, "-m", "pytest", "tests/test_gpu.py", "-v", "-n0", "-rA", "-p", "no:cacheprovider",
+          f"--junitxml={os.path.join(out, 'checks.xml')}"]),
+        ("generation", "generation, batch 1 and 8", bench("generation", "--only", "generation")),
+        ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
+        ("ladder", "the acceleration ladder at B=16 and where its last rung's time goes",
+         bench("ladder", "--only", "training", *quick)),
+        ("step64", "the training step at B=64", bench("step64", "--only", "step", "--B", "64" if cuda else "8",
+                                                       *quick)),
+        ("script", "train_gpt2.py's default recipe, its first steps (B=64 x 8 micro-steps)" if cuda else
+         "train_gpt2.py, a tiny model's first steps",
+         [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",
+          "--checkpoint_interval=1000", f"--log_dir={os.path.join(out, 'script_log')}", *script]),
+        ("memory", "memory: the estimate against a measured step, the largest B; the softmax kernel's GB/s",
+         bench("memory", "--only", "memory,softmax", *quick)),
+    ]
+
+
+def environment(device, commit):
+    """What ran: the device, the versions, the date and the commit."""
+    driver = None
+    if torch.device(device).type == "cuda":
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):  # no nvidia-smi: the driver goes unnamed
+            pass
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if commit is None:
+        commit, dirty = git_state()
+        commit = commit and commit + (" with local changes" if dirty else "")
+    return {"device": device_name(device), "driver": driver, "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "triton": triton_version, "commit": commit or "unknown (not a git checkout: pass --commit)",
+            "date": datetime.date.today().isoformat()}
+
+
+def run_section(argv, log_path, deadline):
+    """Run argv from the project root, its output into log_path (and on to ours); the exit status, or None
+    if it was stopped at the deadline (its whole process group: torchrun's workers too)."""
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        try:
+            for line in p.stdout:  # a line at a time: the log holds what ran even if we are killed
+                log.write(line)
+                log.flush()
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                if deadline is not None and time.time() > deadline:
+                    raise TimeoutError
+            return p.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
+        except (TimeoutError, subprocess.TimeoutExpired):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            return None
+        finally:
+            if p.poll() is None:  # interrupted (Ctrl-C): nothing of ours is left running
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def summary(name, out):
+    """The lines report.md shows for a finished section: bench.py's markdown (without its title), the
+    checks' results, or the training script's steps."""
+    if name == "checks":
+        return check_results(os.path.join(out, "checks.xml"))
+    if name == "script":
+        return script_steps(metrics_path(os.path.join(out, "script_log")))
+    path = os.path.join(out, f"{name}.md")
+    if not os.path.exists(path):
+        return ["(no output: see the log)"]
+    with open(path) as f:
+        return f.read().splitlines()[2:]  # bench.py's title and blank line
+
+
+def check_results(xml_path):
+    """Each test of the junit XML pytest wrote: its outcome and the detail it recorded."""
+    if not os.path.exists(xml_path):
+        return ["(pytest wrote no results: see the log)"]
+    lines = ["| test | result | detail |", "| --- | --- | --- |"]
+    counts = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        counts[outcome] = counts.get(outcome, 0) + 1
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        detail = props.get("detail") or (case.find(outcome).get("message", "") if outcome != "passed" else "")
+        lines.append(f"| {case.get('name')} | {outcome} | {detail.replace('|', '/')[:600]} |")
+    return lines + ["", ", ".join(f"{n} {k}" for k, n in counts.items())]
+
+
+def script_steps(log_path, skip=3):
+    """Medians over train_gpt2.py's steps after the first `skip` (compiling, warming up)."""
+    steps = [r for r in read_log(log_path) if "loss" in r and "event" not in r][skip:]
+    if not steps:
+        return [f"(fewer than {skip + 1} steps logged: see the log)"]
+    med = {k: statistics.median(r[k] for r in steps) for k in ("ms", "tok_s")}
+    mfu = [r["mfu"] for r in steps if r.get("mfu") is not None]
+    mem = [r["peak_memory"] for r in steps if r.get("peak_memory") is not None]
+    return [f"median of steps {steps[0]['step']}-{steps[-1]['step']}: {med['ms']:,.1f} ms/step, "
+            f"{med['tok_s']:,.0f} tok/s" + (f", MFU {statistics.median(mfu):.1%}" if mfu else "")
+            + (f"; a step's peak memory {max(mem) / 2**30:.2f} GiB" if mem else "")]
+
+
+def write(out, env, command, done):
+    """DIR/report.md from the environment and the sections done so far."""
+    lines = [f"# GPU report: {env['device']}", "",
+             f"- versions: Python {env['python']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN "
+             f"{env['cudnn']}, Triton {env['triton']}, driver {env['driver']}",
+             f"- date: {env['date']}; code: commit {env['commit']}",
+             f"- command: `{command}` (from the project root; each section's raw output is DIR/<section>.log)", "",
+             "| section | command | result | wall time |", "| --- | --- | --- | ---: |"]
+    for name, record in done.items():
+        result = "finished" if record["rc"] == 0 else f"FAILED (exit status {record['rc']})"
+        lines.append(f"| [{name}](#{name}) | `{record['command']}` | {result} | {record['seconds']:.0f} s |")
+    for name, record in done.items():
+        lines += ["", f"## {name}", "", f"{record['title']}: `{name}.log`", ""] + record["summary"]
+    tmp = os.path.join(out, "report.md.tmp")
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, os.path.join(out, "report.md"))
+
+
+def run(out, device, hellaswag_data=None, budget=None, commit=None):
+    """bench.py --report: every section this DIR lacks for this commit and device; the exit status (1: a
+    section failed; 2: stopped at the budget, a rerun continues)."""
+    os.makedirs(out, exist_ok=True)
+    env = environment(device, commit)
+    cuda = torch.device(device).type == "cuda"
+    command = f"python bench.py --report {out}" + (f" --hellaswag_data {hellaswag_data}" if hellaswag_data
+                                                   else "")
+    deadline = None if budget is None else time.time() + budget
+    done, status = {}, 0
+    for name, title, argv in sections(out, cuda, device, hellaswag_data):
+        path = os.path.join(out, f"{name}.json")
+        record = None
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if (record["commit"], record["device"]) != (env["commit"], env["device"]):
+                record = None  # another commit's or device's: measured again
+        if record is None:
+            print(f"== {name}: {title}", flush=True)
+            t0 = time.time()
+            rc = run_section(argv, os.path.join(out, f"{name}.log"), deadline)
+            if rc is None:
+                write(out, env, command, done)
+                print(f"stopped at the budget during {name}: rerun the same command to continue")
+                return 2
+            record = {"title": title, "command": " ".join(["python", *argv[1:]]), "rc": rc,
+                      "seconds": time.time() - t0, "commit": env["commit"], "device": env["device"],
+                      "summary": summary(name, out)}
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f, indent=1)
+            os.replace(path + ".tmp", path)
+        done[name] = record
+        status = status or (1 if record["rc"] else 0)
+        write(out, env, command, done)
+    for leftover in os.listdir(os.path.join(out, "script_log")) if os.path.isdir(
+            os.path.join(out, "script_log")) else []:
+        if leftover.startswith("model_"):  # the script's checkpoints: gigabytes the report does not need
+            os.remove(os.path.join(out, "script_log", leftover))
+    print(f"wrote {os.path.join(out, 'report.md')}")
+    return status
