@@ -298,7 +298,7 @@ def memory(size, s, B, T, rt, compiled_peak):
             raise
         return [line + f"of an eager step: out of memory at B={B}"]
     line += f"of an eager step {fmt_bytes(eager)} (estimate / measured = {est['total'] / eager:.2f})"
-    return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if s["compile"] else "")]
+    return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if compiled_peak else "")]
 
 
 def largest_batch(size, s, T, rt, start=1):

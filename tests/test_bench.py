@@ -162,7 +162,7 @@ def test_ladder_goes_on_after_out_of_memory(monkeypatch):
 
 
 def test_gpu_check_parts_that_run_on_a_cpu():
-    """--gpu-check's attention check reads the ops SDPA really ran from the profiler (on a CPU: its flash op
+    """gpu_check's attention check reads the ops SDPA really ran from the profiler (on a CPU: its flash op
     too) and accepts any fused backend, as the ops of an H100 (cuDNN) or an older GPU show them, never the
     math fallback; the recompile count splits TORCH_LOGS output at a marker line."""
     from gpu_check import attention_backends, check_attention, recompiles
@@ -242,3 +242,61 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
     assert not ok and "the counter missed it" in detail, detail
     ok, detail = generation_verdict({"3 prompts": (60, 192, True)}, (0, 0), 1)  # compared a third
     assert not ok and "too few" in detail, detail
+
+
+@pytest.mark.slow
+def test_report_runs_every_section_and_continues(tmp_path):
+    """bench.py --report on a CPU, at its tiny size: every section in its own process, its raw output kept,
+    report.md naming the commit and each command; a rerun runs nothing it holds; a budget stops the section
+    running (exit 2) and the rerun finishes it."""
+    out = tmp_path / "r"
+    r = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    names = ["checks", "generation", "hellaswag", "ladder", "step64", "script", "memory"]
+    row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \|$", re.M)
+    report = (out / "report.md").read_text()
+    assert [(m.group(1), m.group(3)) for m in row.finditer(report)] == [(n, "finished") for n in names]
+    assert "commit abc1234" in report and "torch " in report
+    for name in names:
+        assert (out / f"{name}.log").stat().st_size > 0 and json.loads((out / f"{name}.json").read_text())["rc"] == 0
+    assert "| test_graphed_generation_is_exact_and_never_waits | skipped | needs a CUDA GPU |" in report
+    assert re.search(r"^median of steps \d+-4: [\d,.]+ ms/step, [\d,]+ tok/s$", report, re.M), report
+    assert re.search(r"^\| every rung, B=8 \| [\d.]+ \|", report, re.M)
+    assert not list((out / "script_log").glob("model_*"))  # the script's checkpoints are not kept
+
+    again = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
+    assert again.returncode == 0 and "== " not in again.stdout, again.stdout[-2000:]
+    (out / "script.json").unlink()
+    stopped = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234", "--budget", "1")
+    assert stopped.returncode == 2 and "stopped at the budget during script" in stopped.stdout
+    assert not (out / "script.json").exists()
+    assert "| [memory]" not in (out / "report.md").read_text()  # what follows the stop is not shown yet
+    assert script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234").returncode == 0
+    assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
+
+
+def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
+    """On CUDA each step's record holds the peak memory allocated since the step began (reset first);
+    report.md and the GPU report read it; off CUDA it is None and nothing is said."""
+    import torch
+
+    import gpu_report
+    import plot
+    import runtime
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**29)
+    runtime.reset_peak_memory("cuda:1")
+    assert calls == [("reset", "cuda:1")] and runtime.peak_memory("cuda:1") == 3 * 2**29
+    runtime.reset_peak_memory("cpu")
+    assert calls == [("reset", "cuda:1")] and runtime.peak_memory("cpu") is None
+    log = tmp_path / "metrics.jsonl"
+    start = {"event": "start", "step": 0, "config": {"max_steps": 5, "total_batch_size": 8}}
+    steps = [{"step": i, "loss": 5.0, "ms": 100.0 + i, "tok_s": 80.0, "mfu": 0.4, "elapsed": i,
+              "peak_memory": (3 + (i == 5)) * 2**29} for i in range(1, 6)]
+    log.write_text("\n".join(json.dumps(r) for r in [start] + steps) + "\n")
+    records = plot.read_log(str(log))
+    text = plot.report(str(log), records, plot.load_metrics(str(log), records))
+    assert "a step's peak GPU memory 2.00 GiB (rank 0)" in text
+    assert gpu_report.script_steps(str(log), skip=3) == [
+        "median of steps 4-5: 104.5 ms/step, 80 tok/s, MFU 40.0%; a step's peak memory 2.00 GiB"]

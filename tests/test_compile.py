@@ -23,7 +23,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     over 2 gloo ranks x 2 micro-steps. Either gives the eager one-process run's losses to rounding (compiled
     kernels round differently; Newton-Schulz runs in bf16). The compiled HellaSwag (7 examples; on 2 ranks
     they get 4 and 3) equals an eager one-process evaluation, samples are drawn, and the training steps and
-    evaluation after the first evaluation compile nothing new (bench.py --gpu-check checks this on a GPU)."""
+    evaluation after the first evaluation compile nothing new (tests/test_gpu.py checks this on a GPU)."""
     from checkpoint import load_model
     from gpu_check import recompiles
     from hellaswag import Prepared, evaluate, load_examples
