@@ -259,8 +259,11 @@ class Resume:
                             f"wrote it, or start from its weights with a fresh optimizer: "
                             f"--init_from={self.path} --log_dir=NEW")
         load_state(model, optimizers, self.ckpt, rt.distributed)
-        if scaler.is_enabled():  # fp16: continue with the loss scale it had reached
+        if scaler.is_enabled() and self.meta["scaler"]:  # fp16: continue with the loss scale it had reached
             scaler.load_state_dict(self.meta["scaler"])
+        elif scaler.is_enabled():  # a bf16 or fp32 run resumed in fp16 (another GPU): no scale to continue
+            print0(f"NOTE: {os.path.basename(self.path)} was written by a run without fp16 loss scaling: "
+                   f"the loss scale starts at {scaler.get_scale():g} (--loss_scale)")
         torch.set_rng_state(self.meta["rng"]["cpu"])
         if rt.kind == "cuda" and self.meta["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(self.meta["rng"]["cuda"])

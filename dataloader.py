@@ -12,6 +12,7 @@ The loader also reads build-nanogpt's shards as they are: .npy files holding one
 """
 import glob
 import os
+import re
 
 import numpy as np
 
@@ -110,6 +111,16 @@ def make_shards(out_dir):
             "tokens)")
 
 
+def missing_data_root(data_root):
+    """The line for a data_root that does not exist: a file named (check the path) or a shard folder (how to
+    make it)."""
+    if data_root.endswith(DOCUMENT_FILES):  # a file, not a shard folder: no shards to make under its name
+        return (f"data_root {data_root} does not exist: check the path (relative to the directory you run "
+                "from), or point data_root at a document file that exists, such as input.txt")
+    return (f"data_root {data_root} does not exist: {make_shards(data_root)}, or point data_root at a "
+            ".txt, .jsonl or .parquet file such as input.txt")
+
+
 def split_rows(data_root, split, T):
     """The rows of T tokens (and the next) that a split of data_root holds: DataLoaderLite's rows_total,
     from the shards' headers alone (a data_root file is tokenized once, for the loaders too)."""
@@ -177,8 +188,7 @@ class DataLoaderLite:
             cut = split_point(len(tokens))
             return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
         if not os.path.isdir(data_root):
-            raise UserError(f"data_root {data_root} does not exist: {make_shards(data_root)}, or point "
-                            "data_root at a document file such as input.txt")
+            raise UserError(missing_data_root(data_root))
         found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
                  + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
         if found[".bin"] and found[".npy"]:
@@ -186,6 +196,10 @@ class DataLoaderLite:
             raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
                             "per folder; move one kind elsewhere")
         ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
+        sources = sorted({re.sub(r"_(train|val)_\d+\.(bin|npy)$", "", os.path.basename(p)) for p in found[ext]})
+        if len(sources) > 1:  # two datasets' shards would both be read, as one
+            raise UserError(f"{data_root} holds the shards of {len(sources)} sources ({', '.join(sources)}_*): "
+                            "one dataset per folder; move the others elsewhere")
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
         if paths:
             return [(p, load_shard(p)) for p in paths]

@@ -70,6 +70,10 @@ def check_range(option, value, low=None, high=None, above=None):
     if (math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high)
             and (above is None or value > above)):
         return
-    valid = (f"between {low} and {high}" if low is not None and high is not None else f"at least {low}"
-             if low is not None else f"above {above}" if above is not None else f"at most {high}")
-    raise UserError(f"{option}={value} must be {valid}")
+    raise UserError(f"{option}={value} must be {valid_range(low, high, above)}")
+
+
+def valid_range(low=None, high=None, above=None):
+    """check_range's bounds in words: 'at least 1', 'between 0 and 1', 'above 0'."""
+    return (f"between {low} and {high}" if low is not None and high is not None else f"at least {low}"
+            if low is not None else f"above {above}" if above is not None else f"at most {high}")

@@ -38,7 +38,9 @@ from errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
-PRETOKENIZED_TRAIN = 103  # its train shards: finewebedu_train_000001.bin ... _000103.bin
+# its train shards: finewebedu_train_000001.bin ... _000099.bin, 100M tokens each but the last (53,989,344):
+# 9,853,989,344 tokens (103 is kjj0/fineweb10B-gpt2's count, not this dataset's)
+PRETOKENIZED_TRAIN = 99
 EMPTY = object()  # what next() gives for a corpus without documents
 
 
@@ -337,6 +339,13 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
         except Exception as e:  # offline, no such file, Hub outage: the same way out
             if new and not os.listdir(out_dir):  # nothing left behind by a run that got nothing
                 os.rmdir(out_dir)
+            if online and missing_on_hub(e) and name != names[0]:  # the dataset has fewer shards
+                have = 0  # the complete train shards from the first on
+                while have < shards and whole(os.path.join(out_dir, names[have + 1])):
+                    have += 1
+                raise UserError(f"{PRETOKENIZED} has no {name}: it holds fewer train shards than the {shards} "
+                                f"asked for; the {have} complete ones in {out_dir} are kept: train on them, "
+                                f"or rerun with --shards={have}") from None
             raise UserError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
                             f"internet, tokenize local files with --input instead") from None
         if not whole(cached):
@@ -344,6 +353,12 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
                             f"delete {os.path.realpath(cached)} (the Hugging Face cache's copy) and rerun")
         place(cached, os.path.join(out_dir, name))
     print(f"fineweb: {len(names)} shards ({names[0]} + {len(names) - 1} train) in {out_dir}")
+
+
+def missing_on_hub(e):
+    """Whether the Hub answered that a file does not exist (not: offline and not cached, an outage)."""
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError  # old and new versions
+    return isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError)
 
 
 def whole(path):

@@ -57,6 +57,9 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise UserError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
                             f"(head size = n_embd / n_head)")
+        if self.rotary and self.head_dim % 2:
+            raise UserError(f"rotary=True needs an even head size: n_embd / n_head = {self.n_embd} / "
+                            f"{self.n_head} = {self.head_dim} (rotary turns pairs of a head's dimensions)")
         if self.n_head % self.n_kv_head:
             raise UserError(f"n_head={self.n_head} must be divisible by "
                             f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
@@ -167,8 +170,10 @@ class ReLU2(nn.Module):
 
 
 def rms_norm(x):
-    """Parameter-free RMSNorm over the last dimension: x / rms(x), no gain, no bias."""
-    return F.rms_norm(x, (x.size(-1),))
+    """Parameter-free RMSNorm over the last dimension: x / rms(x), no gain, no bias, in x's dtype (CUDA's
+    autocast computes rms_norm in fp32 from torch 2.12: bf16 queries and keys would come back fp32, and a
+    bf16 KV-cache refuses them)."""
+    return F.rms_norm(x, (x.size(-1),)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -462,6 +467,9 @@ class GPT(nn.Module):
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k={top_k} must be >= 1 or None")
         B, T = idx.size()
+        if T == 0:
+            raise ValueError("generate needs a prompt of at least one token a row (to start a new document, "
+                             "<|endoftext|>: 50256)")
         block_size = self.config.block_size
         out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
         out[:, :T] = idx

@@ -18,8 +18,8 @@ import torch
 import runtime
 from accounting import count_params, training_memory
 from checkpoint import Resume, checkpoints, model_config, read_newest, space_note
-from dataloader import make_shards, split_rows
-from errors import UserError, check_range
+from dataloader import missing_data_root, split_rows
+from errors import UserError, check_range, valid_range
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 from optimizers import get_lr
 from runlog import hold_log_dir
@@ -130,7 +130,9 @@ def settings_help(Settings, script):
             above.append(comment)
             continue
         name = code.split(" = ")[0]
-        lines.append(f"  --{name}={block_defaults[name]!r}".ljust(34) + " ".join(above + [comment]).strip())
+        valid = f" ({valid_range(*RANGES[name])})" if name in RANGES else ""
+        lines.append(f"  --{name}={block_defaults[name]!r}".ljust(34) + " ".join(above + [comment]).strip()
+                     + valid)
         above = []
     name = os.path.basename(script)
     return (f"{ast.get_docstring(ast.parse(source)).strip()}\n\nSettings (--name=value or --name value; the "
@@ -219,8 +221,8 @@ def apply_fallbacks(cfg, given, rt):
     if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
-                            f"directory you run from): make them there with `python fineweb.py`, or pass "
-                            f"--data_root=PATH")
+                            f"directory you run from): make them there with `python fineweb.py`, pass "
+                            f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
                      + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
         small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
@@ -267,8 +269,7 @@ def validate(cfg, rt):
     if os.path.exists(cfg["log_dir"]) and not os.path.isdir(cfg["log_dir"]):
         raise UserError(f"--log_dir={cfg['log_dir']} is a file, not a directory: choose another --log_dir")
     if not os.path.exists(cfg["data_root"]):
-        raise UserError(f"data_root {cfg['data_root']} does not exist: {make_shards(cfg['data_root'])}, or "
-                        "point --data_root at a .txt, .jsonl or .parquet file")
+        raise UserError(missing_data_root(cfg["data_root"]))
     for key, bounds in RANGES.items():
         check_range(f"--{key}", cfg[key], *bounds)
     if cfg["T"] > cfg["block_size"] and cfg["init_from"] in ("scratch", "resume"):  # weights: their own
@@ -426,6 +427,9 @@ def fit_memory(s, given, rt):
 def one_validation_pass(s):
     """(settings, notes): val_tokens at most the validation split's rows of T tokens, so no row counts
     twice."""
+    if s.val_tokens < s.T:  # no whole row: the loss would be the mean of nothing
+        raise UserError(f"--val_tokens={s.val_tokens} is less than one row of T={s.T} tokens: give at least "
+                        f"{s.T}")
     rows = split_rows(s.data_root, "val", s.T)
     if s.val_tokens // s.T <= rows:
         return s, []

@@ -616,3 +616,48 @@ def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
     write_shard(shard_path(out, "edufineweb", "train", 1), np.arange(100))  # tokenized here: another source
     r = pretokenized(2, out, env)
     assert_one_line_error(r, "already holds other shards (edufineweb_train_000001.bin, ...)")
+
+
+def test_a_folder_of_two_sources_is_refused(tmp_path):
+    """Shards of two datasets in one folder (fineweb.py refuses to write them there; a copy can put them
+    there) are refused at load, naming both: they would be read as one."""
+    for prefix in ("edufineweb", "bench"):
+        write_shard(shard_path(tmp_path, prefix, "val", 0), np.arange(700))
+        write_shard(shard_path(tmp_path, prefix, "train", 1), np.arange(5000))
+    with pytest.raises(UserError, match=r"holds the shards of 2 sources \(bench, edufineweb_\*\): one dataset"):
+        DataLoaderLite(2, 8, data_root=str(tmp_path))
+
+
+def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, capsys):
+    """kjj0/finewebedu10B-gpt2 has 99 train shards (103 is kjj0/fineweb10B-gpt2's), so --shards=100 is refused
+    before any download; a Hub that answers "no such file" part-way (the download faked) is one line that
+    says how many complete shards were kept, and they stay."""
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+    import huggingface_hub
+    import runtime
+    assert fineweb.PRETOKENIZED_TRAIN == 99
+    with pytest.raises(UserError, match="has train shards 1 to 99"):
+        fineweb.download(str(tmp_path / "x"), 100)
+    source = tmp_path / "hub"
+    source.mkdir()
+
+    class RemoteMissing(EntryNotFoundError):  # the Hub's answer for a file it does not have (a 404)
+        def __init__(self, message):
+            Exception.__init__(self, message)
+
+    def fake_download(repo, name, repo_type, local_files_only):
+        index = int(name[-10:-4])
+        if index > 2:
+            raise RemoteMissing(f"404 Client Error. Entry Not Found for url: .../{name}")
+        write_shard(str(source / name), np.arange(1000) + index)
+        return str(source / name)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(runtime, "hub_online", lambda: True)
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"kjj0/finewebedu10B-gpt2 has no finewebedu_train_000003.bin: it holds "
+                                        r"fewer train shards than the 5 asked for; the 2 complete ones in .* are "
+                                        r"kept: train on them, or rerun with --shards=2"):
+        fineweb.download(str(out), 5)
+    assert sorted(os.listdir(out)) == ["finewebedu_train_000001.bin", "finewebedu_train_000002.bin",
+                                       "finewebedu_val_000000.bin"]
+    assert fineweb.missing_on_hub(LocalEntryNotFoundError("not in the cache")) is False  # offline: not this

@@ -292,3 +292,15 @@ def test_padded_lengths_are_few_and_pad_the_least():
                     for cuts in itertools.combinations(range(1, len(longest)), k)
                     for b in [(0, *cuts, len(longest))])
         assert padding(got, longest) == least
+    # thousands of batches (a 10,042-example run at 4 a batch), against the same program over every batch
+    # boundary (quadratic in the batches, so on a sample that it finishes quickly): the same padding
+    longest = sorted(random.randint(20, 336) for _ in range(2512))
+    got = hellaswag.padded_lengths(longest)
+    assert len(set(got)) <= hellaswag.SHAPES and all(p >= n for p, n in zip(got, longest))
+    sample = longest[::8]
+    m = [-(-n // 8) * 8 for n in sample]
+    best = [[0] + [float("inf")] * len(m)]
+    for _ in range(hellaswag.SHAPES):
+        best.append([0] + [min(best[-1][i] + m[j - 1] * (j - i) - sum(m[i:j]) for i in range(j))
+                           for j in range(1, len(m) + 1)])
+    assert padding(hellaswag.padded_lengths(sample), sample) == min(row[-1] for row in best)

@@ -759,3 +759,37 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
         assert "--dtype=auto" in rt.notes[0]
     else:
         assert rt.notes == []
+
+
+def test_qk_norm_decodes_where_autocast_runs_rms_norm_in_fp32(monkeypatch):
+    """CUDA's autocast computes rms_norm in fp32 from torch 2.12, so a modern model's normalized keys came
+    back fp32 while its KV-cache is bf16, and the cache's write refused them at the first sample. Emulated on
+    a CPU: rms_norm upcast to fp32 as that autocast does, under bf16 autocast; the cached decode gives the
+    recomputed tokens."""
+    import torch.nn.functional as F
+    rms_norm = F.rms_norm
+    monkeypatch.setattr(F, "rms_norm", lambda x, shape, *a, **k: rms_norm(x.float(), shape, *a, **k))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, qk_norm=True,
+                          rotary=True)).eval()
+    idx = torch.randint(0, 50257, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cached = model.generate(idx, 6, top_k=1)
+        assert model.decoder(2, "cpu", False).cache.k[0].dtype == torch.bfloat16
+    assert cached.shape == (2, 11)
+
+
+def test_rotary_needs_an_even_head_size():
+    """rotary turns pairs of a head's dimensions: an odd head size is refused when the model is configured
+    (before a step), not after training at the first sample."""
+    with pytest.raises(UserError, match=r"rotary=True needs an even head size: n_embd / n_head = 12 / 4 = 3"):
+        GPTConfig(n_layer=1, n_head=4, n_embd=12, rotary=True)
+    GPTConfig(n_layer=1, n_head=4, n_embd=12)  # learned positions: any head size
+
+
+def test_generate_refuses_an_empty_prompt():
+    """No token to continue: a ValueError that says what to give, not an IndexError inside the loop
+    (sample.py gives an empty prompt <|endoftext|>)."""
+    model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).eval()
+    with pytest.raises(ValueError, match="a prompt of at least one token a row"):
+        model.generate(torch.zeros(2, 0, dtype=torch.long), 3)

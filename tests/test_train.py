@@ -172,6 +172,19 @@ def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, capsys, text):
     assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
 
 
+def test_a_run_without_loss_scaling_resumes_in_fp16(tmp_path, capsys, text):
+    """Started in bf16 or fp32 (an H100), resumed where dtype=auto picks fp16 (a V100 or T4): the checkpoint
+    holds no loss scale to continue, so the scale starts fresh, with a NOTE, and the run goes on."""
+    args = TINY + [f"--data_root={text}", "--checkpoint_interval=2", f"--log_dir={tmp_path}"]
+    assert train_gpt2.main(args + ["--max_steps=2"]) == 0
+    capsys.readouterr()
+    assert train_gpt2.main(args + ["--max_steps=3", "--dtype=fp16", "--T=32"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE: model_000002.pt was written by a run without fp16 loss scaling: the loss scale starts at " \
+           "65536 (--loss_scale)" in said, said
+    assert sorted(losses(str(tmp_path))) == [1, 2, 3]
+
+
 def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, capsys, text, reference,
                                                                modern_reference):
     """--recipe=modern: an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no wpe) and
@@ -309,8 +322,13 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     rt.distributed = True
     where = tmp_path / "edu_fineweb10B"
     with pytest.raises(UserError, match=rf"no shards in {where} \(data_root is relative to the directory "
-                                         r"you run from\): make them there with `python fineweb"):
+                                         r"you run from\): make them there with `python fineweb.*"
+                                         r"--data_root=input.txt"):
         settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
+    from dataloader import DataLoaderLite as Loader  # a file named that is not there: no shard advice
+    with pytest.raises(UserError, match=r"data_root nope.txt does not exist: check the path") as e:
+        Loader(2, 8, data_root="nope.txt")
+    assert "fineweb.py" not in str(e.value)
 
 
 def test_size_and_recipe_presets():
@@ -369,6 +387,9 @@ def test_help_lists_every_setting_from_the_settings_block():
         assert default == repr(train_gpt2.CONFIG[name]) and comment.strip(), line
         assert comment.split()[0] in source.split(f"\n{name} = ")[0].rsplit("\n\n", 1)[-1] + \
             source.split(f"\n{name} = ")[1].split("\n")[0], line
+        if name in settings.RANGES:  # what check_range refuses outside, in its words
+            assert line.endswith(f"({settings.valid_range(*settings.RANGES[name])})"), line
+    assert listed["min_lr_ratio"].endswith("(between 0 and 1)") and listed["max_lr"].endswith("(above 0)")
 
 
 def test_overrides_are_checked():
@@ -401,6 +422,7 @@ def test_overrides_are_checked():
     (["--device=mps"], "--device=mps but torch sees no mps device here"),
     (["--dtype=fp8"], "--dtype='fp8': use auto, bf16, fp16 or fp32"),
     (["--optimizer=sgd"], "--optimizer='sgd': use adamw or muon"),
+    (["--val_tokens=31"], "--val_tokens=31 is less than one row of T=32 tokens: give at least 32"),
     (["--optimizer=muon", "--fsdp=True"], "--optimizer=muon does not work with --fsdp=True: .* drop --fsdp"),
 ])
 def test_bad_settings(tmp_path, argv, match):
