@@ -377,13 +377,13 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     return out
 
 
-def hellaswag_cost(size, rt, data, batch_size, repeat=3):
+def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
     """HellaSwag's cost on this device at the model size (random weights: the cost does not depend on them),
     as a training run's evaluation pays it: tokenizing and packing (once a run), the first evaluation in the
     process (cold: per-shape attention plans, kernels loaded), then each later one (warm)."""
     import hellaswag
     with tempfile.TemporaryDirectory() as tmp:
-        path = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), 64)
+        path = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), n)
         examples = hellaswag.load_examples(path)
     model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
     t0 = time.perf_counter()
@@ -395,7 +395,7 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3):
         t0 = time.perf_counter()
         result = hellaswag.evaluate(model, prepared, rt)
         seconds.append(time.perf_counter() - t0)
-    source = data or "64 examples cut from input.txt (no --hellaswag_data)"
+    source = data or f"{n} examples cut from input.txt (no --hellaswag_data)"
     lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a forward, "
              f"{len(prepared.batches)} batches, acc_norm {result['acc_norm']:.4f} of random weights):", "",
              "| tokenize and pack | first evaluation (cold) | later evaluations (warm) | examples/s (warm) |",
@@ -439,8 +439,9 @@ def main():
     parser.add_argument("--commit", default=None,
                         help="--report: the commit these files are, where they are not a git checkout")
     args = parser.parse_args()
-    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0), ("budget", 1)):
+    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
         check_range(f"--{option}", getattr(args, option), low)
+    check_range("--budget", args.budget, above=0)
     if args.report:
         import gpu_report
         return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit)
@@ -488,7 +489,7 @@ def main():
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))
             report += generation(size, rt, compile, runs)
         elif part == "hellaswag":
-            report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 16)
+            report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 8, n=64 if cuda else 16)
         elif part == "memory":
             extra = memory(size, last_s, B, T, rt, last_mem)
             extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]

@@ -145,17 +145,18 @@ def generation_verdict(agreements, syncs, control):
     return ok, "; ".join(parts)
 
 
-def check_generation(rt, compile=True, count_syncs=cuda_syncs):
+def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_STEPS):
     """(ok, detail): cached decoding (compile: the decode step compiled and, on CUDA, replayed as a CUDA
     graph) gives recomputation's greedy tokens in fp32 with TF32 off, for 3 different prompts and for 3
     samples of one prompt (the shared prefill), over at least MIN_COMPARED of the steps (each row up to its
-    first near-tie); and under bf16 autocast its decode loop makes no host sync: count_syncs (CUDA's sync
-    debug mode) counts the same syncs at 4 and 32 new tokens, and does count a deliberate one."""
+    first near-tie), `steps` new tokens a row; and under bf16 autocast its decode loop makes no host sync:
+    count_syncs (CUDA's sync debug mode) counts the same syncs at 4 and 32 new tokens, and does count a
+    deliberate one."""
     from model import GPT2_VOCAB
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(rt.device)
     model.eval()
-    n, prompts = GENERATION_STEPS, {"3 prompts": torch.randint(0, 50257, (3, 8), device=rt.device),
+    n, prompts = steps, {"3 prompts": torch.randint(0, 50257, (3, 8), device=rt.device),
                                     "3 samples of one prompt": torch.randint(0, 50257, (1, 8),
                                                                              device=rt.device).expand(3, 8)}
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32

@@ -12,12 +12,12 @@ from runtime import Runtime
 
 
 def test_bench_cpu_smoke(tmp_path):
-    """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it)."""
+    """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it), where
+    its last rung's time goes, and the profiled steps as a trace (the report test covers the other parts)."""
     out = tmp_path / "bench.md"
     trace = tmp_path / "trace.json"
-    r = script("bench.py", "--device", "cpu", "--skip", "compile", "--steps", "1", "--warmup", "1",
-               "--out", str(out),
-               "--trace", str(trace))
+    r = script("bench.py", "--device", "cpu", "--only", "training", "--skip", "compile", "--steps", "1",
+               "--warmup", "1", "--out", str(out), "--trace", str(trace))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "USDT:" not in r.stderr and "STAGE:" not in r.stderr, r.stderr[-3000:]  # the profiler's chatter
     assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
@@ -29,11 +29,6 @@ def test_bench_cpu_smoke(tmp_path):
                                            "+ vocab 50304", "+ fused AdamW"]
     for name, ms, tok_s, speedup in rows:
         assert float(ms) > 0 and int(tok_s.replace(",", "")) > 0 and (speedup or name == "fp32, eager")
-    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) ms \| ([\d,]+) GB/s \| ([\d,]+) \| "
-                           r"[\d.]+x \| (\d+)% \|", report, re.M)
-    assert [(b, n) for b, n, *_ in generated] == [("1", "32"), ("4", "32")]
-    assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
-    assert "accounting.py estimate" in report
     # which CPU
     assert re.search(r"^.+ \(\d+ cores, (with|no|unknown) AVX-512-BF16/AMX\), torch ", report, re.M)
     parts = dict(re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \| \d+% \|$", report, re.M))
@@ -223,22 +218,22 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
     import model
     from gpu_check import check_generation, generation_verdict
     rt = Runtime()
-    ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+    ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
     assert ok, detail
-    assert "3 samples of one prompt: the same tokens as recomputing over 192 of 192" in detail
+    assert "3 samples of one prompt: the same tokens as recomputing over 48 of 48" in detail
     assert "0 / 0 host syncs at 4 / 32 new tokens, 1 with a deliberate one more" in detail
 
     with monkeypatch.context() as m:  # a broken cache: values are never written
         update = model.KVCache.update
         m.setattr(model.KVCache, "update", lambda self, layer, k, v, pos: update(self, layer, k, v * 0, pos))
-        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
         assert not ok and "OTHER tokens than recomputing" in detail, detail
     with monkeypatch.context() as m:  # a host sync at every token
         pick = model.pick
         m.setattr(model, "pick", lambda logits, *a, **k: pick(logits, *a, **k) + 0 * int(logits[0, 0].item()))
-        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls)
+        ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
         assert not ok and "4 / 32 host syncs" in detail and "grow with the tokens" in detail, detail
-    ok, detail = check_generation(rt, compile=False, count_syncs=lambda fn: fn() or 0)  # a deaf counter
+    ok, detail = check_generation(rt, compile=False, count_syncs=lambda fn: fn() or 0, steps=16)  # a deaf counter
     assert not ok and "the counter missed it" in detail, detail
     ok, detail = generation_verdict({"3 prompts": (60, 192, True)}, (0, 0), 1)  # compared a third
     assert not ok and "too few" in detail, detail
@@ -263,14 +258,21 @@ def test_report_runs_every_section_and_continues(tmp_path):
     assert re.search(r"^median of steps \d+-4: [\d,.]+ ms/step, [\d,]+ tok/s$", report, re.M), report
     assert re.search(r"^\| every rung, B=8 \| [\d.]+ \|", report, re.M)
     assert not list((out / "script_log").glob("model_*"))  # the script's checkpoints are not kept
+    generated = re.findall(r"^\| (\d+) \| (\d+) \| ([\d,]+) \| ([\d.]+) ms \| ([\d,]+) GB/s \| ([\d,]+) \| "
+                           r"[\d.]+x \| (\d+)% \|", report, re.M)
+    assert [(b, n) for b, n, *_ in generated] == [("1", "32"), ("4", "32")]
+    assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
+    assert "accounting.py estimate" in report and "measured largest micro-batch: CUDA only" in report
+    assert re.search(r"^\| [\d.]+ s \| [\d.]+ s \| [\d.]+ s, [\d.]+ s \| [\d,]+ \|$", report, re.M)  # HellaSwag
 
     again = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
     assert again.returncode == 0 and "== " not in again.stdout, again.stdout[-2000:]
-    (out / "script.json").unlink()
-    stopped = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234", "--budget", "1")
-    assert stopped.returncode == 2 and "stopped at the budget during script" in stopped.stdout
-    assert not (out / "script.json").exists()
-    assert "| [memory]" not in (out / "report.md").read_text()  # what follows the stop is not shown yet
+    (out / "memory.json").unlink()
+    stopped = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234", "--budget",
+                     "0.01")
+    assert stopped.returncode == 2 and "stopped at the budget during memory" in stopped.stdout
+    assert not (out / "memory.json").exists()
+    assert "| [memory]" not in (out / "report.md").read_text()  # a stopped section is not shown
     assert script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234").returncode == 0
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
 
