@@ -225,7 +225,8 @@ def decode_bytes(model, batch):
     every step attends over with a mask (model.KVCache)."""
     c = model.config
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
-    cache = 2 * c.n_layer * batch * c.n_kv_head * c.block_size * c.head_dim * model.lm_head.weight.element_size()
+    per_value = model.lm_head.weight.element_size()  # bytes: the cache is in the weights' dtype
+    cache = 2 * c.n_layer * batch * c.n_kv_head * c.block_size * c.head_dim * per_value
     return weights + cache
 
 
@@ -396,8 +397,9 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
         result = hellaswag.evaluate(model, prepared, rt)
         seconds.append(time.perf_counter() - t0)
     source = data or f"{n} examples cut from input.txt (no --hellaswag_data)"
-    lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a forward, "
-             f"{len(prepared.batches)} batches, acc_norm {result['acc_norm']:.4f} of random weights):", "",
+    lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a "
+             f"forward, {len(prepared.batches)} batches, acc_norm {result['acc_norm']:.4f} of random "
+             "weights):", "",
              "| tokenize and pack | first evaluation (cold) | later evaluations (warm) | examples/s (warm) |",
              "| ---: | ---: | ---: | ---: |",
              f"| {pack:.2f} s | {seconds[0]:.2f} s | {', '.join(f'{x:.2f} s' for x in seconds[1:])} | "

@@ -15,6 +15,7 @@ import errno
 import glob
 import hashlib
 import os
+import re
 import shutil
 
 import torch
@@ -55,8 +56,20 @@ def checksum(obj):
 
 
 def checkpoints(log_dir):
-    """The checkpoint files in log_dir, oldest first (written as .tmp and renamed when whole)."""
-    return sorted(glob.glob(os.path.join(log_dir, "model_*.pt")))
+    """The checkpoint files in log_dir, oldest first by step, not by name (model_1000000.pt is newer than
+    model_999999.pt); written as .tmp and renamed when whole."""
+    paths = [p for p in glob.glob(os.path.join(log_dir, "model_*.pt"))
+             if re.fullmatch(r"model_\d+\.pt", os.path.basename(p))]
+    return sorted(paths, key=lambda p: int(os.path.basename(p)[6:-3]))
+
+
+def remove_stale_writes(log_dir):
+    """Rank 0, holding log_dir's lock: a checkpoint write that a second signal or Slurm's SIGKILL cut short
+    left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Returns what was removed."""
+    stale = sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp")))
+    for path in stale:
+        os.remove(path)
+    return [os.path.basename(p) for p in stale]
 
 
 def save_checkpoint(state, path):
@@ -312,6 +325,10 @@ def main():
     if args.hf:
         if os.path.isfile(args.hf):
             raise UserError(f"--hf {args.hf} is a file: give a folder")
+        where = nearest_existing(args.hf)  # the folder itself, or where it will be made
+        if not os.access(where, os.W_OK):
+            raise UserError(f"--hf {args.hf}: {where} is not writable (read-only or no permission): choose "
+                            "another folder")
         hf_gpt2.save_pretrained(model, args.hf)
         print(f"wrote {args.hf}: {', '.join(sorted(os.listdir(args.hf)))}")
 

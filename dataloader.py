@@ -196,10 +196,11 @@ class DataLoaderLite:
             raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
                             "per folder; move one kind elsewhere")
         ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
-        sources = sorted({re.sub(r"_(train|val)_\d+\.(bin|npy)$", "", os.path.basename(p)) for p in found[ext]})
+        sources = sorted({re.sub(r"_(train|val)_\d+\.(bin|npy)$", "", os.path.basename(p))
+                          for p in found[ext]})
         if len(sources) > 1:  # two datasets' shards would both be read, as one
-            raise UserError(f"{data_root} holds the shards of {len(sources)} sources ({', '.join(sources)}_*): "
-                            "one dataset per folder; move the others elsewhere")
+            raise UserError(f"{data_root} holds the shards of {len(sources)} sources "
+                            f"({', '.join(sources)}_*): one dataset per folder; move the others elsewhere")
         paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
         if paths:
             return [(p, load_shard(p)) for p in paths]

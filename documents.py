@@ -34,6 +34,9 @@ def text_of(value, where):
 
 
 def field(row, text_field, where):
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: the line is a JSON {type(row).__name__}, not an object: each line of a "
+                        f".jsonl file must be an object with a {text_field!r} field")
     if text_field not in row:
         raise UserError(f"{where}: no field {text_field!r} (fields: {', '.join(row)}): pass --text_field")
     return text_of(row[text_field], where)

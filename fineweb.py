@@ -266,29 +266,29 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
         print(f"fineweb: {len(done)} complete shards in {out_dir}, resuming at document {next_doc:,}")
 
     from tqdm import tqdm
-    bar = tqdm(unit="tok", unit_scale=True, desc="tokenizing")
     buf = np.empty(shard_size, dtype=np.uint16)
     fill, index, doc, total, t0 = 0, len(done), next_doc, 0, time.time()
     doc_ends = []  # where each document ends in buf while nothing is written (a corpus that fits in a shard)
-    for tokens, lengths in encode_batches(docs, workers):
-        ends = np.cumsum(lengths)  # end of each document within `tokens`
-        if index == 0:
-            doc_ends.extend((fill + ends).tolist())
-        pos = skip_tokens  # first token of this batch not yet written
-        skip_tokens = 0
-        while pos < len(tokens):
-            take = min(shard_size - fill, len(tokens) - pos)
-            buf[fill:fill + take] = tokens[pos:pos + take]
-            fill, pos = fill + take, pos + take
-            if fill == shard_size:
-                i = int(np.searchsorted(ends, pos, side="right"))  # the document holding the next token
-                offset = pos - (int(ends[i - 1]) if i else 0)
-                write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprints)
-                index, fill = index + 1, 0
-        doc += len(lengths)
-        total += len(tokens)
-        bar.update(len(tokens))
-    bar.close()
+    # closed however the loop ends: a bad document's line is printed on a line of its own
+    with tqdm(unit="tok", unit_scale=True, desc="tokenizing") as bar:
+        for tokens, lengths in encode_batches(docs, workers):
+            ends = np.cumsum(lengths)  # end of each document within `tokens`
+            if index == 0:
+                doc_ends.extend((fill + ends).tolist())
+            pos = skip_tokens  # first token of this batch not yet written
+            skip_tokens = 0
+            while pos < len(tokens):
+                take = min(shard_size - fill, len(tokens) - pos)
+                buf[fill:fill + take] = tokens[pos:pos + take]
+                fill, pos = fill + take, pos + take
+                if fill == shard_size:
+                    i = int(np.searchsorted(ends, pos, side="right"))  # the document holding the next token
+                    offset = pos - (int(ends[i - 1]) if i else 0)
+                    write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprints)
+                    index, fill = index + 1, 0
+            doc += len(lengths)
+            total += len(tokens)
+            bar.update(len(tokens))
     if index == 0:  # the whole corpus fits in one shard: cut as a data_root file is (not 0 train shards)
         if fill < 2:
             raise UserError(f"the corpus is {fill} token: too small to split into validation and training")
@@ -343,9 +343,9 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
                 have = 0  # the complete train shards from the first on
                 while have < shards and whole(os.path.join(out_dir, names[have + 1])):
                     have += 1
-                raise UserError(f"{PRETOKENIZED} has no {name}: it holds fewer train shards than the {shards} "
-                                f"asked for; the {have} complete ones in {out_dir} are kept: train on them, "
-                                f"or rerun with --shards={have}") from None
+                raise UserError(f"{PRETOKENIZED} has no {name}: it holds fewer train shards than the "
+                                f"{shards} asked for; the {have} complete ones in {out_dir} are kept: train "
+                                f"on them, or rerun with --shards={have}") from None
             raise UserError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
                             f"internet, tokenize local files with --input instead") from None
         if not whole(cached):

@@ -48,8 +48,8 @@ def sections(out, cuda, device, hellaswag_data):
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("ladder", "the acceleration ladder at B=16 and where its last rung's time goes",
          bench("ladder", "--only", "training", *quick)),
-        ("step64", "the training step at B=64", bench("step64", "--only", "step", "--B", "64" if cuda else "8",
-                                                       *quick)),
+        ("step64", "the training step at B=64",
+         bench("step64", "--only", "step", "--B", "64" if cuda else "8", *quick)),
         ("script", "train_gpt2.py's default recipe, its first steps (B=64 x 8 micro-steps)" if cuda else
          "train_gpt2.py, a tiny model's first steps",
          [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",
@@ -127,7 +127,8 @@ def check_results(xml_path):
     lines = ["| test | result | detail |", "| --- | --- | --- |"]
     counts = {}
     for case in ET.parse(xml_path).getroot().iter("testcase"):
-        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None),
+                       "passed")
         counts[outcome] = counts.get(outcome, 0) + 1
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         detail = props.get("detail") or (case.find(outcome).get("message", "") if outcome != "passed" else "")
@@ -154,7 +155,8 @@ def write(out, env, command, done):
              f"- versions: Python {env['python']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN "
              f"{env['cudnn']}, Triton {env['triton']}, driver {env['driver']}",
              f"- date: {env['date']}; code: commit {env['commit']}",
-             f"- command: `{command}` (from the project root; each section's raw output is DIR/<section>.log)", "",
+             f"- command: `{command}` (from the project root; each section's raw output is "
+             "DIR/<section>.log)", "",
              "| section | command | result | wall time |", "| --- | --- | --- | ---: |"]
     for name, record in done.items():
         result = "finished" if record["rc"] == 0 else f"FAILED (exit status {record['rc']})"

@@ -173,7 +173,8 @@ def padded_lengths(longest, most=SHAPES):
         row, first = [0] + [math.inf] * k, [0] * (k + 1)
         for j in range(1, k + 1):
             for i in range(j + 1):  # runs i .. j-1 padded to values[j-1] (i == j: an empty group)
-                c = cost[-1][i] + (values[j - 1] * (size[j] - size[i]) - (tokens[j] - tokens[i]) if i < j else 0)
+                padding = values[j - 1] * (size[j] - size[i]) - (tokens[j] - tokens[i]) if i < j else 0
+                c = cost[-1][i] + padding
                 if c < row[j]:
                     row[j], first[j] = c, i
         cost.append(row)

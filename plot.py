@@ -206,6 +206,10 @@ def main():
         label = (f"{base['config.init_from']} (eval only)" if base.get("config.eval_only")
                  else os.path.dirname(args.baseline) or args.baseline)
     out = args.out or os.path.join(os.path.dirname(args.log) or ".", "plot.png")
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        what = "is not writable" if os.path.isdir(folder) else "does not exist"
+        raise UserError(f"--out {out}: the folder {folder} {what}: create it, or choose another --out")
     plot(series, out, args.logy, baseline, label, reference_levels(run))
     print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
           f"{len(series['hellaswag'])} HellaSwag evals")

@@ -107,6 +107,18 @@ class RunLog:
         if runtime.is_rank0() and os.path.exists(self.path):
             os.remove(self.path)
 
+    def set_aside(self):
+        """Rank 0 moves an earlier attempt's log (one that died before its first checkpoint: nothing to
+        continue) to metrics.N.jsonl beside it, so this run's log starts afresh and that one is kept."""
+        if not runtime.is_rank0() or not os.path.exists(self.path):
+            return
+        n = 1
+        while os.path.exists(aside := self.path.replace("metrics.jsonl", f"metrics.{n}.jsonl")):
+            n += 1
+        os.replace(self.path, aside)
+        print(f"NOTE: no checkpoint to continue in {os.path.dirname(self.path) or '.'}: this run starts "
+              f"afresh; the earlier attempt's log is kept as {os.path.basename(aside)}", flush=True)
+
     def drop_after(self, step):
         """A resumed run's log: rank 0 drops the records after `step` (those of an attempt that died before
         its next checkpoint, redone now), saying how many."""

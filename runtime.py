@@ -188,8 +188,13 @@ def setup(device="auto", dtype="auto", timeout=None):
     for another rank fails) and the patient group beside it, its own GPU, TF32 matmuls, and the compute
     dtype, decided on that GPU. A device or dtype that cannot work here is a UserError."""
     distributed = "RANK" in os.environ
-    rt = Runtime(*((int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
-                   if distributed else (0, 0, 1)), distributed)
+    if distributed and "WORLD_SIZE" not in os.environ:
+        raise UserError("RANK is set but WORLD_SIZE is not: launch with torchrun (or set WORLD_SIZE, "
+                        "MASTER_ADDR and MASTER_PORT as well)")
+    # launchers that start one process a node (Kubeflow's PyTorchJob) set RANK and WORLD_SIZE, not LOCAL_RANK
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    rt = Runtime(*((int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"])) if distributed
+                   else (0, 0, 1)), distributed)
     rt.kind = rt.device = pick_device(device)
     if torch_older_than(MIN_TORCH):
         oldest = ".".join(map(str, MIN_TORCH))

@@ -103,6 +103,13 @@ def resolve(Settings, argv, script):
     if not s.eval_only:
         memory_notes += space_note(s.log_dir, count_params(model_shape(s)))
     s, val_notes = one_validation_pass(s)
+    if resume is not None:  # after the fits: a setting start-up lowers again (B, val_tokens) is no change
+        val_notes += resume_settings(resume.meta["config"], s, resume.meta["world_size"], rt.world_size,
+                                     s.log_dir)[1]
+    if not s.eval_only and s.warmup_steps >= s.max_steps:
+        val_notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate "
+                         f"climbs for the whole run and never reaches max_lr={s.max_lr:g} (lower "
+                         "--warmup_steps)")
     for note in memory_notes + val_notes:
         print0(f"NOTE: {note}")
     return s, rt, resume, notes + memory_notes + val_notes
@@ -326,7 +333,7 @@ def continue_run(s, given, rt):
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, given, meta["model_config"], s.init_from)
-    s, changes = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)
+    s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -336,8 +343,6 @@ def continue_run(s, given, rt):
         return s, Resume(meta, None, finished=True)
     print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
            + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
-    for change in changes:
-        print0(f"NOTE: {change}")
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
@@ -346,6 +351,8 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
     A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
     are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
     saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
+    if same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
+        now["data_root"] = saved["data_root"]
     fixed = [k for k in FIXED if saved[k] != now[k]]
     if fixed:
         raise UserError(f"the run in {log_dir} has "
@@ -358,6 +365,11 @@ def resume_settings(saved, s, saved_world, world_size, log_dir):
     if saved_world != world_size:
         notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
     return s, notes
+
+
+def same_path(a, b):
+    """Whether two spellings of a path name the same file or folder (./x and x; a link and its target)."""
+    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
 
 
 def weights_shape(s, given, config, origin):

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import runtime
 import settings
 from accounting import Clock, duration, mfu, peak_flops
-from checkpoint import load_model, save_run
+from checkpoint import load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
 from errors import UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
@@ -222,6 +222,11 @@ def start_run(s, rt, resume, notes):
         run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
         run.log.drop_after(run.step)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
+    if rt.master:
+        for name in remove_stale_writes(s.log_dir):
+            print0(f"NOTE: removed {name}, a checkpoint an earlier attempt did not finish writing")
+    if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
+        run.log.set_aside()
     log_start(run, notes)
     models.train_model.train()
     return run

@@ -162,3 +162,30 @@ def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
              r"'embedding'\]\).*--init_from=log/model_000004.pt")
     with pytest.raises(UserError, match=match):
         Resume(meta, None).restore(model, opts, None, None, Runtime())
+
+
+def test_checkpoints_sort_by_step_past_a_million(tmp_path):
+    """%06d names stop sorting by step at 1,000,000: the list (and so rotation, which deletes the oldest)
+    goes by the step number; other files named like them are not checkpoints."""
+    for name in ("model_1000000.pt", "model_999999.pt", "model_000010.pt", "model_best.pt",
+                 "model_000020.pt.tmp"):
+        (tmp_path / name).write_bytes(b"")
+    assert [os.path.basename(p) for p in checkpoints(str(tmp_path))] == [
+        "model_000010.pt", "model_999999.pt", "model_1000000.pt"]
+
+
+def test_export_into_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """checkpoint.py CKPT --hf DIR where DIR (or the folder it would be made in) cannot be written: one line
+    before anything is written (os.access faked: root may write anywhere here)."""
+    import sys
+    import checkpoint
+    ckpt = tmp_path / "model_000001.pt"
+    model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
+    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": {
+        "block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}, "step": 1}, str(ckpt))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
+    monkeypatch.setattr(sys, "argv", ["checkpoint.py", str(ckpt), "--hf", str(tmp_path / "new" / "hf")])
+    with pytest.raises(UserError, match=rf"--hf .*hf: {tmp_path} is not writable \(read-only or no permission\)"):
+        checkpoint.main()
+    assert not (tmp_path / "new").exists()

@@ -661,3 +661,20 @@ def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, c
     assert sorted(os.listdir(out)) == ["finewebedu_train_000001.bin", "finewebedu_train_000002.bin",
                                        "finewebedu_val_000000.bin"]
     assert fineweb.missing_on_hub(LocalEntryNotFoundError("not in the cache")) is False  # offline: not this
+
+
+def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path):
+    """A bare string or a list on a .jsonl line, in a data_root file or fineweb.py's input: one line naming
+    the file and the line, not a TypeError."""
+    from documents import iter_file
+    for bad, kind in (('"just text"', "str"), ('["a", "b"]', "list")):
+        path = tmp_path / f"{kind}.jsonl"
+        path.write_text('{"text": "fine"}\n' + bad + "\n")
+        with pytest.raises(UserError, match=rf"{kind}.jsonl:2: the line is a JSON {kind}, not an object: each "
+                                            r"line of a .jsonl file must be an object with a 'text' field"):
+            list(iter_file(str(path)))
+    r = subprocess.run([sys.executable, "fineweb.py", "--input", str(tmp_path / "str.jsonl"), "--out_dir",
+                        str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    err = r.stderr.strip().replace("\r", "\n").splitlines()  # the progress bar, then the line on its own
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert err[-1].startswith("error: ") and "str.jsonl:2: the line is a JSON str, not an object" in err[-1]

@@ -226,3 +226,14 @@ def test_sample_cli_where_compile_cannot_work(checkpoint):
     assert r.stdout.startswith("NOTE: torch.compile does not work here (") and "(eager)" in r.stdout
     eager = script("sample.py", *args, "--compile=False")
     assert eager.stdout.split("-" * 80)[:2] == r.stdout.split("\n", 1)[1].split("-" * 80)[:2]
+
+
+def test_plot_into_a_missing_folder_is_one_line(tmp_path):
+    """plot.py --out missing_dir/x.png: one line naming the folder, not matplotlib's traceback."""
+    import json
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({"event": "start", "step": 0, "config": {}}) + "\n"
+                   + json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    r = script("plot.py", "--log", str(log), "--out", str(tmp_path / "missing" / "x.png"))
+    assert_one_line_error(r, f"--out {tmp_path / 'missing' / 'x.png'}: the folder {tmp_path / 'missing'} does "
+                             "not exist: create it, or choose another --out")

@@ -672,3 +672,62 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
                                           Runtime(kind="cuda"))
     assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
                                         "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
+
+
+def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_write(tmp_path, capsys, text):
+    """An attempt that died before its first checkpoint (kill -9, a divergence) left a log and, killed while
+    writing, a model_*.pt.tmp: the next run has nothing to continue, so it starts its log afresh (the old one
+    kept as metrics.1.jsonl, not appended to: one start record, no duplicated steps) and removes the
+    temporary."""
+    import json
+    old = [{"event": "start", "step": 0, "config": {}}] + [{"step": i, "loss": 9.0} for i in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (tmp_path / "model_000004.pt.tmp").write_bytes(b"half a checkpoint")
+    assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=2", f"--log_dir={tmp_path}"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE: removed model_000004.pt.tmp, a checkpoint an earlier attempt did not finish writing" in said
+    assert "this run starts afresh; the earlier attempt's log is kept as metrics.1.jsonl" in said
+    assert not (tmp_path / "model_000004.pt.tmp").exists()
+    assert [r.get("event") for r in records(str(tmp_path))].count("start") == 1
+    assert loss_steps(str(tmp_path)) == [1, 2]
+    assert (tmp_path / "metrics.1.jsonl").read_text().count("\n") == 4  # kept as it was
+
+
+def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
+    """What start-up lowers to fit (val_tokens to the validation split) is lowered again on the resume, not
+    a change; ./x is x; a run whose warm-up outlasts it says so."""
+    args = TINY + ["--val_tokens=10000000", "--checkpoint_interval=2", f"--log_dir={tmp_path}"]
+    assert train_gpt2.main(args + ["--max_steps=2", f"--data_root={text}"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE: val_tokens=10,000,000 but the validation split holds" in said
+    assert "NOTE: warmup_steps=2 >= max_steps=2: the learning rate climbs for the whole run and never reaches " \
+           "max_lr=0.003 (lower --warmup_steps)" in said
+    dotted = os.path.join(os.path.dirname(text), ".", os.path.basename(text))
+    assert train_gpt2.main(args + ["--max_steps=4", f"--data_root={dotted}"]) == 0
+    said = capsys.readouterr().out
+    assert "resuming from" in said and "NOTE: max_steps changed since the checkpoint: 2 -> 4" in said
+    assert "val_tokens changed" not in said and "data_root" not in said.split("config (")[0]
+    assert "NOTE: warmup_steps" not in said
+    assert sorted(losses(str(tmp_path))) == [1, 2, 3, 4]
+
+
+def test_rank_without_local_rank(monkeypatch):
+    """Kubeflow's PyTorchJob sets RANK and WORLD_SIZE, not LOCAL_RANK (one process a pod): the process is its
+    node's first; RANK without WORLD_SIZE is one line."""
+    import socket
+    import torch.distributed as dist
+    import runtime
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    rt = runtime.setup("cpu")
+    try:
+        assert (rt.rank, rt.local_rank, rt.world_size, rt.distributed) == (0, 0, 1, True)
+    finally:
+        dist.destroy_process_group()
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(UserError, match="RANK is set but WORLD_SIZE is not: launch with torchrun"):
+        runtime.setup("cpu")
