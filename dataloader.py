@@ -159,13 +159,19 @@ class DataLoaderLite:
         self.shuffle, self.seed = shuffle, seed
         self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)
         rows_per_step = B * num_processes
-        self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
-        for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
-            if split == "train" and rows < rows_per_step:
+        self.skipped = []  # train shards shorter than a step (a corpus's tail): [(name, tokens)]
+        if split == "train":
+            short = [(name, tokens) for name, tokens in self.shards if (len(tokens) - 1) // T < rows_per_step]
+            if len(short) == len(self.shards):  # nothing would be left to train on
+                name, tokens = short[0]
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
                                 "(fineweb.py --shard_size)")
+            self.skipped = [(name, len(tokens)) for name, tokens in short]
+            self.shards = [shard for shard in self.shards if shard[0] not in dict(self.skipped)]
+        self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
+        for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
             if rows < 1:  # validation reads rows (read_rows), not steps
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one row of T+1 = {T + 1}: "
                                 "lower T, or give the validation split more text")

@@ -14,19 +14,32 @@ class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
 
 
+class RankError(UserError):
+    """An expected mistake that one rank may meet alone (its GPU ran out of memory): that rank says it, with
+    its rank, whatever its LOCAL_RANK (the others see only a closed connection)."""
+
+
 def main_guard(main, exit_process=None):
     """Run an entry point's main() and end the process with its exit status (None counts as 0). A UserError
     is an expected mistake: its line goes to stderr and the status is 1. Under torchrun every rank meets the
-    same mistake, so only each node's first (LOCAL_RANK 0) says it. exit_process(status, wait): how a process
+    same mistake, so only each node's first (LOCAL_RANK 0) says it; a RankError, which one rank may meet
+    alone, is said by the rank that met it. Ctrl-C outside a training loop (which checkpoints and stops on its
+    own) is one line and status 130. exit_process(status, wait): how a process
     that may hold a process group ends (runtime.exit_process; after a UserError without waiting for the
     others); without it, sys.exit."""
     wait = True
     try:
         status = main()
     except UserError as e:
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if isinstance(e, RankError) and "RANK" in os.environ:
+            print(f"error (rank {os.environ['RANK']}): {e}", file=sys.stderr)
+        elif os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
         status, wait = 1, False
+    except KeyboardInterrupt:  # Ctrl-C before the loop catches it (start-up): a stop, not a bug
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print("stopped by Ctrl-C", file=sys.stderr)
+        status, wait = 130, False
     if exit_process is not None:
         exit_process(status or 0, wait=wait)
     sys.exit(status or 0)

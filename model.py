@@ -5,6 +5,7 @@ that we use nn.Linear where HF uses Conv1D (hf_gpt2.py transposes those weights 
 """
 import copy
 import dataclasses
+import itertools
 import math
 from typing import Optional
 
@@ -271,6 +272,12 @@ def last_positions(B, T, device):
     return torch.arange(B, device=device) * T + T - 1
 
 
+def weight_storage(model):
+    """Where each parameter and buffer lives: a CUDA graph replays reads of these addresses, so weights
+    replaced rather than updated in place (load_state_dict(assign=True), .to(), .half()) need a new one."""
+    return [t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers())]
+
+
 class Decoder:
     """Cached decoding of one batch size: its KVCache, and the decode step's input token and position as
     device tensors that each step overwrites. compile: the step (GPT.decode) through torch.compile with
@@ -284,6 +291,7 @@ class Decoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
         self.fn = torch.compile(model.decode, fullgraph=True, dynamic=False) if compile else model.decode
         self.graphed = compile and torch.device(device).type == "cuda"
+        self.storage = weight_storage(model)  # what a captured graph reads: it must not move (GPT.decoder)
 
     def prefill(self, idx):
         """Run the prompt idx (B, T) into the cache: the logits of the token after it, (B, vocab_size).
@@ -495,6 +503,6 @@ class GPT(nn.Module):
             return Decoder(self, batch, dtype, device, compile)
         decoders = self.__dict__.setdefault("decoders", {})  # not a module attribute: no state_dict entry
         key = (batch, str(device), dtype)
-        if key not in decoders:
+        if key not in decoders or decoders[key].storage != weight_storage(self):  # weights moved: made anew
             decoders[key] = Decoder(self, batch, dtype, device, compile)
         return decoders[key]

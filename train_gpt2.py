@@ -28,7 +28,7 @@ import settings
 from accounting import Clock, duration, mfu, peak_flops
 from checkpoint import load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
-from errors import UserError, main_guard
+from errors import RankError, UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
 from model import GPT, GPTConfig
 from optimizers import get_lr, make_optimizers, role_peaks, set_lr
@@ -314,6 +314,9 @@ def log_start(run, notes):
         loader = run.train_loader
         print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
                f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
+        for name, tokens in loader.skipped:  # a corpus's short last shard
+            print0(f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "
+                   f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on")
         mem = settings.memory_estimate(s, rt, s.B)
         sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
                    + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
@@ -440,7 +443,7 @@ def out_of_memory_hint(s, rt):
         of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
         fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
                "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
-        raise UserError(f"out of memory at B={s.B}, T={s.T} (estimated {est:.1f} GiB per process{of}): "
+        raise RankError(f"out of memory at B={s.B}, T={s.T} (estimated {est:.1f} GiB per process{of}): "
                         f"{fix}") from None
 
 
@@ -528,7 +531,7 @@ def evaluate_or_stop(run, checkpoint):
             raise
         checkpoint = checkpoint or save_run(run)
         if runtime.is_out_of_memory(e):
-            raise UserError(f"out of memory evaluating step {step} at eval_B={eval_B}: the step is in "
+            raise RankError(f"out of memory evaluating step {step} at eval_B={eval_B}: the step is in "
                             f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "
                             f"which evaluates step {step} first") from None
         print0(f"error: evaluating step {step} failed (the traceback follows); the step is in {checkpoint}")

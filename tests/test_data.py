@@ -519,9 +519,9 @@ def test_loader_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"no val shards \(\*_val_\*.bin\)"):
         DataLoaderLite(1, 8, split="val", data_root=str(tmp_path / "empty"))
-    with pytest.raises(UserError,
-                       match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 4\*512\*2\+1"):
-        DataLoaderLite(4, 512, 0, 2, data_root=root)
+    with pytest.raises(UserError,  # every train shard shorter than a step: nothing to train on
+                       match=r"fewer than one step needs \(B\*T\*num_processes\+1 = 8\*512\*2\+1"):
+        DataLoaderLite(8, 512, 0, 2, data_root=root)
     for kw, match in [(dict(B=0, T=8), "B=0"), (dict(B=1, T=-1), "T=-1"),
                       (dict(B=1, T=8, split="test"), "split"),
                       (dict(B=1, T=8, process_rank=2, num_processes=2), "process_rank=2")]:
@@ -678,3 +678,24 @@ def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path):
     err = r.stderr.strip().replace("\r", "\n").splitlines()  # the progress bar, then the line on its own
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert err[-1].startswith("error: ") and "str.jsonl:2: the line is a JSON str, not an object" in err[-1]
+
+
+def test_a_train_shard_shorter_than_a_step_is_skipped_with_a_note(tmp_path, capsys):
+    """A corpus's last shard is usually short (a normal tail): shorter than one step, it is left out of
+    training with a NOTE, not a refusal of the whole run; the loader never serves its tokens."""
+    import train_gpt2
+    root = toy_shards(tmp_path)  # train shards of 3001, 5003, 4100 and 2600 tokens
+    loader = DataLoaderLite(4, 512, 0, 2, data_root=root)  # a step takes 4 * 512 * 2 + 1 = 4097
+    assert [os.path.basename(n) for n, _ in loader.skipped] == ["toy_train_000001.bin", "toy_train_000004.bin"]
+    assert loader.tokens_total == 5003 + 4100
+    for _ in range(6):
+        x, _ = loader.next_batch()
+        assert int(x.min()) >= 20000 and int(x.max()) < 40000  # shards 2 and 3 hold 20000.. and 30000..
+    mine = tmp_path / "mine"  # token ids a model takes; the last train shard shorter than a step of 257
+    mine.mkdir()
+    for split, index, n in (("val", 0, 700), ("train", 1, 5000), ("train", 2, 200)):
+        write_shard(shard_path(mine, "m", split, index), np.arange(n) % 50000)
+    assert train_gpt2.main(TINY + [f"--data_root={mine}", "--B=8", "--max_steps=1",
+                                   f"--log_dir={tmp_path / 'log'}"]) == 0
+    said = capsys.readouterr().out  # a step: 8 x 32 + 1 tokens
+    assert "NOTE: m_train_000002.bin (200 tokens) is shorter than a step (257 tokens): not trained on" in said

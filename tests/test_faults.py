@@ -49,7 +49,8 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     calls.clear()
     # step 3's evaluation, done first, succeeds; step 6's fails
     monkeypatch.setattr(train_gpt2, "validation_loss", fails(torch.OutOfMemoryError("CUDA out of memory"), 2))
-    with pytest.raises(UserError) as e:
+    from errors import RankError
+    with pytest.raises(RankError) as e:
         train_gpt2.main(args + [f"--log_dir={log}"])
     assert "evaluating that step first: its evaluation is not in the log" in capsys.readouterr().out
     assert str(e.value) == ("out of memory evaluating step 6 at eval_B=4: the step is in model_000006.pt "

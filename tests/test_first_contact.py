@@ -191,6 +191,24 @@ def test_every_entry_point_ends_through_one_guard(monkeypatch, capsys):
                 main_guard(main, exit)
             assert e.value.code == status and capsys.readouterr().err == said
     assert ended == [(3, True), (0, True), (1, False), (1, False)]
+    from errors import RankError
+
+    def out_of_memory():  # one rank's GPU: that rank says it, whatever its LOCAL_RANK
+        raise RankError("out of memory at B=64")
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+    for main, env, status, said in [(out_of_memory, {"RANK": "5", "LOCAL_RANK": "1"}, 1,
+                                     "error (rank 5): out of memory at B=64\n"),
+                                    (out_of_memory, {"LOCAL_RANK": "0"}, 1, "error: out of memory at B=64\n"),
+                                    (ctrl_c, {"LOCAL_RANK": "0"}, 130, "stopped by Ctrl-C\n"),
+                                    (ctrl_c, {"RANK": "1", "LOCAL_RANK": "1"}, 130, "")]:
+        monkeypatch.delenv("RANK", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(SystemExit) as e:
+            main_guard(main, exit_process)
+        assert e.value.code == status and capsys.readouterr().err == said
     for name in ("train_gpt2", "hellaswag", "sample", "fineweb", "checkpoint", "plot", "bench"):
         with open(os.path.join(ROOT, f"{name}.py")) as f:
             guarded = [node for node in ast.parse(f.read()).body if isinstance(node, ast.If)][-1]

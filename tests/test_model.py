@@ -793,3 +793,17 @@ def test_generate_refuses_an_empty_prompt():
     model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).eval()
     with pytest.raises(ValueError, match="a prompt of at least one token a row"):
         model.generate(torch.zeros(2, 0, dtype=torch.long), 3)
+
+
+def test_a_kept_decoder_is_remade_when_the_weights_move():
+    """A compiled decoder is kept per batch size (its CUDA graph replays reads of the weights' addresses):
+    weights updated in place keep it, weights replaced (load_state_dict with assign=True) get a new one, not
+    a graph over freed memory."""
+    model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).eval()
+    kept = model.decoder(2, "cpu", compile=True)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.5)  # in place: the same storage
+    assert model.decoder(2, "cpu", compile=True) is kept
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    fresh = model.decoder(2, "cpu", compile=True)
+    assert fresh is not kept and model.decoder(2, "cpu", compile=True) is fresh
