@@ -732,3 +732,26 @@ def test_rank_without_local_rank(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(UserError, match="RANK is set but WORLD_SIZE is not: launch with torchrun"):
         runtime.setup("cpu")
+
+
+def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
+    """Some network filesystems have no flock (ENOSYS): filelock 3.x then raised NotImplementedError out of
+    the log_dir lock; 4.x falls back to a lock file that records its owner, and requirements.txt asks for it.
+    A second holder is still refused."""
+    import errno
+    import fcntl
+    import re
+    import runlog
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    assert runlog.lock(str(tmp_path / "log"), create=True) is None
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        assert re.search(r"^filelock>=4", f.read(), re.M)
+    other = subprocess.run([sys.executable, "-c", "import errno, fcntl, sys, runlog\n"
+                            "def no_flock(fd, op): raise OSError(errno.ENOSYS, 'no flock')\n"
+                            "fcntl.flock = no_flock\n"
+                            f"print(runlog.lock({str(tmp_path / 'log')!r}, create=True))"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert "is in use by another run (pid" in other.stdout, other.stdout + other.stderr
