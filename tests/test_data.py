@@ -699,3 +699,23 @@ def test_a_train_shard_shorter_than_a_step_is_skipped_with_a_note(tmp_path, caps
                                    f"--log_dir={tmp_path / 'log'}"]) == 0
     said = capsys.readouterr().out  # a step: 8 x 32 + 1 tokens
     assert "NOTE: m_train_000002.bin (200 tokens) is shorter than a step (257 tokens): not trained on" in said
+
+
+def test_a_bad_byte_late_in_the_input_is_found_before_any_shard(tmp_path, monkeypatch):
+    """A non-UTF-8 file at the end of the input stopped fineweb.py after the shards before it were written,
+    and the fixed file's rerun was refused (the input changed): now it is one line naming the file and the
+    byte before anything is written, also where the bad byte sits across a read's boundary."""
+    from fineweb import check_utf8
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text("Some text. " * 400, encoding="utf-8")
+    (folder / "z.txt").write_bytes("é".encode() * 500 + b"\xff tail")
+    r = subprocess.run([sys.executable, "fineweb.py", "--input", str(folder), "--out_dir", str(tmp_path / "out"),
+                        "--shard_size", "300"], cwd=ROOT, capture_output=True, text=True)
+    assert_one_line_error(r, "z.txt is not UTF-8 text (invalid start byte at byte 1,000): convert it, or move "
+                             "it elsewhere; nothing was written")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match="at byte 1,000"):  # the 2-byte é cut at every read's end
+        check_utf8([str(folder / "z.txt")], chunk=7)
+    check_utf8([str(folder / "a.txt")], chunk=7)
