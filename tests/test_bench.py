@@ -11,6 +11,7 @@ from errors import UserError
 from runtime import Runtime
 
 
+@pytest.mark.slow
 def test_bench_cpu_smoke(tmp_path):
     """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it), where
     its last rung's time goes, and the profiled steps as a trace (the report test covers the other parts)."""

@@ -92,6 +92,7 @@ def test_newest_valid(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["sample.py", "hellaswag.py"])
+@pytest.mark.slow
 def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name):
     path = str(tmp_path / "model_000003.pt")
     save_checkpoint(state(), path)

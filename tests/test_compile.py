@@ -13,6 +13,8 @@ from checkpoint import checkpoints
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, hellaswag_example, losses, records, run_args,
                       train, write_jsonl)
 
+pytestmark = pytest.mark.slow  # every test here starts processes or compiles
+
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
 def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, reference, modern_reference, wrap):

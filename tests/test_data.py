@@ -51,6 +51,7 @@ def make(tmp_path, docs=DOCS, shard_size=97, **kw):
 
 # ------------------------------------------------------------------------------------------------ fineweb.py
 
+@pytest.mark.slow
 def test_shards_hold_eot_prefixed_tokens_in_order(tmp_path):
     out = make(tmp_path)
     paths = shards_of(out)
@@ -61,6 +62,7 @@ def test_shards_hold_eot_prefixed_tokens_in_order(tmp_path):
     assert np.array_equal(np.concatenate([load_shard(p) for p in paths]), reference(DOCS))
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     src = tmp_path / "corpus.jsonl"
     write_docs(src, DOCS)
@@ -72,6 +74,7 @@ def test_cli_end_to_end(tmp_path):
     assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(tmp_path / "o")]), reference(DOCS))
 
 
+@pytest.mark.slow
 def test_local_input_kinds(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
@@ -103,6 +106,7 @@ def test_local_input_kinds(tmp_path, capsys):
         fineweb.main(str(d), str(tmp_path / "o"), "text", 10_000, "m", 2)
 
 
+@pytest.mark.slow
 def test_save_to_disk_dir(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"content": DOCS}).save_to_disk(str(tmp_path / "ds"))
@@ -158,6 +162,7 @@ def running():
     return {pid for pid, _, state in processes() if state != "Z"}
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill(tmp_path):
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     rng = np.random.default_rng(0)
@@ -209,6 +214,7 @@ def test_resume_after_sigkill(tmp_path):
     assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected
 
 
+@pytest.mark.slow
 def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
     src = tmp_path / "corpus.jsonl"
     write_docs(src, DOCS)
@@ -237,6 +243,7 @@ def test_cli_mistakes_are_one_line_and_leave_no_out_dir(tmp_path):
         assert not os.path.exists(tmp_path / "o")
 
 
+@pytest.mark.slow
 def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
     """python fineweb.py --input corpus (16k tokens, under the default 100M-token shard): its last 10% becomes
     the val shard and the rest a train shard, so train_gpt2.py trains on it, and validates on the same tokens
@@ -357,6 +364,7 @@ def run_ranks(data_root, B, T, world, steps, **kw):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.slow
 def test_ranks_cover_each_window_once_per_epoch(tmp_path, world, shuffle):
     B, T = 2, 16
     root = toy_shards(tmp_path)
@@ -398,6 +406,7 @@ def npy_shards(tmp_path):
     return str(d)
 
 
+@pytest.mark.slow
 def test_build_nanogpt_npy_shards_load_as_they_are(tmp_path):
     """A folder of build-nanogpt's .npy shards gives the batches, shuffling and exact resume of the same
     tokens as .bin shards: memory-mapped uint16, nothing copied to int64 up front."""
@@ -435,6 +444,7 @@ def test_npy_shards_of_another_kind_are_one_line(tmp_path):
         DataLoaderLite(1, 8, data_root=npys)
 
 
+@pytest.mark.slow
 def test_unshuffled_batches_are_contiguous_slices(tmp_path):
     B, T, world = 3, 8, 2
     root = toy_shards(tmp_path)
@@ -488,6 +498,7 @@ def test_resume_with_another_batch_size_or_world_size(tmp_path, shuffle):
         assert stream(b, n) == expected and n >= 120
 
 
+@pytest.mark.slow
 def test_document_file_roots(tmp_path):
     """A .txt data_root is one document, a .jsonl one a document per line (its text, not the JSON); a folder
     of documents, or a file of another kind, is refused naming the command that makes shards of it."""
@@ -574,6 +585,7 @@ def pretokenized(shards, out, env):
                            "--out_dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
     """python fineweb.py --pretokenized --shards 2 with HF_HUB_OFFLINE=1: the real hf_hub_download finds the
     val shard and 2 train shards in the cache and they land in out_dir, verified, where the loader reads
@@ -663,6 +675,7 @@ def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, c
     assert fineweb.missing_on_hub(LocalEntryNotFoundError("not in the cache")) is False  # offline: not this
 
 
+@pytest.mark.slow
 def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path):
     """A bare string or a list on a .jsonl line, in a data_root file or fineweb.py's input: one line naming
     the file and the line, not a TypeError."""
@@ -701,6 +714,7 @@ def test_a_train_shard_shorter_than_a_step_is_skipped_with_a_note(tmp_path, caps
     assert "NOTE: m_train_000002.bin (200 tokens) is shorter than a step (257 tokens): not trained on" in said
 
 
+@pytest.mark.slow
 def test_a_bad_byte_late_in_the_input_is_found_before_any_shard(tmp_path, monkeypatch):
     """A non-UTF-8 file at the end of the input stopped fineweb.py after the shards before it were written,
     and the fixed file's rerun was refused (the input changed): now it is one line naming the file and the

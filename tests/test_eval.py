@@ -64,6 +64,7 @@ def plain_val(model, data_root):
     return nats / tokens, text_nats / (math.log(2) * text_bytes)
 
 
+@pytest.mark.slow
 def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
     """--eval_only=True with an HF folder on 2 gloo ranks: val loss and bpb (summed over both ranks' shares)
     equal a plain token-by-token computation over the same rows as one process reads (the next test);

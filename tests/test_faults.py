@@ -86,6 +86,7 @@ def full_disk(after):
     return save
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_is_one_line(tmp_path, monkeypatch, text, reference):
     """The disk fills while step 6's checkpoint is written: one line naming the file, the error and the room
     it needs; no .tmp left, step 4's checkpoint intact. The same command, once there is room, resumes from
@@ -152,6 +153,7 @@ def test_a_log_dir_that_cannot_be_written_is_one_line_before_anything_is_built(t
     assert str(e.value).endswith("make it writable or choose another --log_dir")
 
 
+@pytest.mark.slow
 def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_path, text):
     """train_gpt2.sbatch with stand-ins for srun, scancel and scontrol (scancel signals every process of the
     step, and the step's end kills what is left of it, as slurmstepd does): Slurm's warning (SIGUSR1 to the
@@ -232,6 +234,7 @@ def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_pat
     assert "failed (exitcode: 138)" in out  # torchrun lived through the signal to see its worker's status
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_torchrun_stops_every_rank_in_one_line(tmp_path, text):
     """2 gloo ranks; rank 0's write of step 4's checkpoint fails for want of room (torch.save made to fail so
     in that process, through sitecustomize): both ranks stop there, the line is said once, no rank hangs or

@@ -54,6 +54,7 @@ def no_triton(tmp_path_factory):
     return {**os.environ, "PYTHONPATH": str(d)}
 
 
+@pytest.mark.slow
 def test_hf_paths_from_the_repo_root_without_triton(tmp_path, no_triton):
     """sample.py on an HF GPT-2 folder, and the export round trip through transformers, from the repo root."""
     transformers = pytest.importorskip("transformers")
@@ -160,6 +161,7 @@ def test_entry_points_refuse_numbers_out_of_range(monkeypatch, module, argv, sai
     assert str(e.value) == said
 
 
+@pytest.mark.slow
 def test_a_mistyped_option_is_one_line():
     """argparse's own mistakes (a value of the wrong type, an unknown option) are one line too, not usage
     text."""

@@ -18,6 +18,8 @@ from checkpoint import checkpoints
 from conftest import (ENV, ROOT, SCRIPT, TINY, final_weights, hellaswag_example, loss_steps, losses, records,
                       run_args, write_jsonl)
 
+pytestmark = pytest.mark.slow  # every test here starts processes or compiles
+
 TIMEOUT = 300  # seconds; these runs take ~15 s, a hang would take forever
 
 

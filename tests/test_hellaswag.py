@@ -175,6 +175,7 @@ def test_one_process_downloads_the_others_wait(tmp_path, monkeypatch, posix):
     assert sorted(os.listdir(tmp_path)) == ["hellaswag_val.jsonl", "hellaswag_val.jsonl.lock"]
 
 
+@pytest.mark.slow
 def test_cli_single_and_torchrun_gloo(model, tmp_path, monkeypatch, capsys):
     """hellaswag.py in one process (in-process) and under torchrun on 2 gloo ranks: the reference's acc and
     acc_norm, said once."""
@@ -195,6 +196,7 @@ def test_cli_single_and_torchrun_gloo(model, tmp_path, monkeypatch, capsys):
         assert len(line.findall(out)) == 1  # printed by rank 0 only
 
 
+@pytest.mark.slow
 def test_cli_missing_data_is_one_line(model, tmp_path):
     ckpt = save_model(model, tmp_path / "model.pt")
     r = script("hellaswag.py", "--model", ckpt, "--data", str(tmp_path / "hs.jsonl"), "--device", "cpu")

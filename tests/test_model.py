@@ -106,6 +106,7 @@ def test_parameter_groups_do_not_depend_on_the_learning_rates(untied):
     assert structures[0][1][-1][0] == ("head" if untied else "embedding")
 
 
+@pytest.mark.slow
 def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
     """optimizers.Muon against torch.optim.Muon(adjust_lr_fn="original") as the reference, over 3 steps: a
     plain matrix gets torch's update bit for bit; the fused c_attn (Q, K, V rows, here with 2 K/V heads of
@@ -206,6 +207,7 @@ def test_modern_kv_cache_equals_recompute():
     assert len(set(cached[0, 5:].tolist())) > 1
 
 
+@pytest.mark.slow
 def test_modern_gradient_checkpointing_and_positions():
     """grad_checkpoint gives the same loss and gradients; rotary positions are relative: a sequence scores
     the same starting at position 0 or 7 (explicit pos), where learned positions would not."""
@@ -242,6 +244,7 @@ def test_ignore_index_targets():
     assert torch.allclose(loss, ref)
 
 
+@pytest.mark.slow
 def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
     """chunked=True computes the head and the loss in chunks with the gradients in the forward
     (ChunkedHeadLoss, how a CPU trains): the same loss and gradients as the plain lm_head + cross_entropy,
@@ -265,6 +268,7 @@ def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
     assert m.transformer.wte.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_same_loss_and_grads():
     x = torch.randint(0, 512, (2, 32))
     results = []
@@ -411,6 +415,7 @@ def test_decoding_has_one_attention_shape_and_no_host_sync():
     assert syncs[4] == syncs[20] == ["equal"]
 
 
+@pytest.mark.slow
 def test_compiled_decode_step_compiles_once(monkeypatch):
     """generate(compile=True) compiles the decode step once and never again: not at later steps (positions
     are device tensors, shapes fixed), not at the next call of the same batch size. Counted by Dynamo's
@@ -519,6 +524,7 @@ def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
         assert (ours(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_import_export_need_no_transformers(tmp_path):
     """With transformers unimportable: save_pretrained, then from_pretrained of what it wrote, same logits."""
     block = tmp_path / "block" / "transformers"
@@ -536,6 +542,7 @@ def test_import_export_need_no_transformers(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_offline_name_is_one_line(tmp_path):
     """Offline, --model gpt2 ends in one line saying a local folder works instead, never a traceback."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
@@ -634,6 +641,7 @@ def _saved_bytes(model, x, y, dtype):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("n_kv_head", [4, 1])
+@pytest.mark.slow
 def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_head):
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, n_kv_head=n_kv_head)
     m = build(c).train()
@@ -643,6 +651,7 @@ def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_he
     assert abs(_saved_bytes(m, x, y, dtype) / (est["activations"] + est["weight_copies"]) - 1) < 0.01
 
 
+@pytest.mark.slow
 def test_activation_memory_estimate_with_checkpointing(monkeypatch):
     c = GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=4, n_embd=64, grad_checkpoint=True)
     m = build(c).train()

@@ -34,6 +34,7 @@ def run_sample(*args):
     return script("sample.py", *args)
 
 
+@pytest.mark.slow
 def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
     """python sample.py from the repo root; then in-process, the prompt from a file, and without --model
     after training: the newest checkpoint in ./log, not a download of OpenAI's gpt2."""
@@ -75,6 +76,7 @@ def test_sample_matches_generate_and_is_seeded(checkpoint):
     assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
 
 
+@pytest.mark.slow
 def test_sample_compiled_gives_the_eager_texts(checkpoint, monkeypatch):
     """compile=True (sample.py's default on CUDA): a warm-up call, timed apart, then the same texts as eager
     decoding for the same seed. Dynamo with its eager backend (inductor would take a minute on 2 cores)."""
@@ -86,6 +88,7 @@ def test_sample_compiled_gives_the_eager_texts(checkpoint, monkeypatch):
     assert compiled == eager and no_warm_up == 0 and warm_up > 0 and tok_s > 0
 
 
+@pytest.mark.slow
 def test_sample_errors(tmp_path, monkeypatch, capsys):
     """A missing checkpoint: one line (through the entry point); an unknown model name or prompt file: the
     same UserError in-process."""
@@ -106,6 +109,7 @@ def write_log(path, records, tail=""):
         f.write(tail)
 
 
+@pytest.mark.slow
 def test_plot_resumed_and_live_log(tmp_path):
     recs = [{"event": "start", "step": 0, "config": {}}]
     recs += [{"step": s, "loss": 10 - s * 0.1, "lr": 1e-3} for s in range(1, 41)]
@@ -126,6 +130,7 @@ def test_plot_resumed_and_live_log(tmp_path):
     assert "45 train steps, 2 val evals, 2 HellaSwag evals" in r.stdout
 
 
+@pytest.mark.slow
 def test_plot_against_a_baseline_and_settings_diff(tmp_path):
     """--baseline: an eval-only run's one evaluation is drawn as level lines (bpb too), and the settings that
     differ between the two runs' first records are printed, the log_dir aside."""
@@ -164,6 +169,7 @@ def test_plot_panels_share_the_step_axis_and_skip_an_empty_hellaswag(tmp_path):
     assert [title for title, _ in drawn][2] == "HellaSwag acc_norm" and len({xlim for _, xlim in drawn}) == 1
 
 
+@pytest.mark.slow
 def test_plot_errors(tmp_path):
     r = script("plot.py", "--log", str(tmp_path / "nope.jsonl"))
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr
@@ -191,6 +197,7 @@ def test_hellaswag_reference_levels_follow_the_model_size(tmp_path):
     assert levels(4, 64) == [] and levels(24, 1024) == []  # the CPU default; 350M: none published here
 
 
+@pytest.mark.slow
 def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, reference):
     """The report a finished run writes (report.md, plot.png) holds its log's numbers, and the same report
     made again later from the log (python plot.py --report) is the same text."""
@@ -214,6 +221,7 @@ def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, refere
     assert (log / "report.md").read_text() == written
 
 
+@pytest.mark.slow
 def test_sample_cli_where_compile_cannot_work(checkpoint):
     """--compile=True where inductor cannot work (here: no C++ compiler): one NOTE, then eager decoding, the
     same texts as --compile=False."""
@@ -228,6 +236,7 @@ def test_sample_cli_where_compile_cannot_work(checkpoint):
     assert eager.stdout.split("-" * 80)[:2] == r.stdout.split("\n", 1)[1].split("-" * 80)[:2]
 
 
+@pytest.mark.slow
 def test_plot_into_a_missing_folder_is_one_line(tmp_path):
     """plot.py --out missing_dir/x.png: one line naming the folder, not matplotlib's traceback."""
     import json

@@ -36,6 +36,7 @@ def test_round_trip():
         assert enc.decode(enc.encode_ordinary(s)) == s
 
 
+@pytest.mark.slow
 def test_identical_to_tiktokens_own_r50k_base(tmp_path, monkeypatch):
     """tiktoken's loader, pointed at a cache holding our file, is the independent reference."""
     url = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"

@@ -24,6 +24,7 @@ def wandb_records(run_dir):
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_trackers_get_what_the_log_gets_and_a_resume_continues_them(tmp_path, monkeypatch, text):
     """5 steps with both trackers; step 5's checkpoint then lost (as after a crash), and the run resumed from
     step 4 to 6. TensorBoard holds one value a step, each metrics.jsonl's (the redone step 5 the new one), the

@@ -69,6 +69,7 @@ def start_and_signal(args, cwd, log_dir, after_step, sig):
     return p.returncode, out
 
 
+@pytest.mark.slow
 def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference):
     """Ctrl-C (exit 130), then the same run with B=2 instead of 4, as after running out of memory elsewhere:
     twice the accumulation steps, the same rows of data, the same validation rows, the same losses."""
@@ -94,6 +95,7 @@ def test_sigint_then_resume_with_a_smaller_micro_batch(tmp_path, text, reference
     assert all(elapsed[k] < elapsed[k + 1] for k in range(1, 8)) and steps[-1]["eta"] == 0
 
 
+@pytest.mark.slow
 def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, capsys, text, reference):
     """SIGUSR1 (Slurm's warning before the time limit; SIGTERM and Ctrl-C share its handler, and SIGTERM's
     status is test_one_run_per_log_dir's) finishes the step, writes a checkpoint and exits 138. Bytes changed
@@ -129,6 +131,7 @@ def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, caps
     assert len(checkpoints(log)) == 2  # none verifies: none renamed, so a rerun does not start afresh
 
 
+@pytest.mark.slow
 def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
     """A copy of the finished reference run: rerunning it does nothing; a new model shape or sequence length
     is refused (naming each change and both ways out) and touches nothing."""
@@ -144,6 +147,7 @@ def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
     assert {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))} == before  # nothing touched
 
 
+@pytest.mark.slow
 def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, capsys, text):
     """--dtype=fp16 on the CPU: too high a first loss scale overflows the fp16 gradients; those steps are
     logged as skipped (not taken for a diverged run) while the scale halves, then training goes on. The
@@ -185,6 +189,7 @@ def test_a_run_without_loss_scaling_resumes_in_fp16(tmp_path, capsys, text):
     assert sorted(losses(str(tmp_path))) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, capsys, text, reference,
                                                                modern_reference):
     """--recipe=modern: an untied lm_head (saved as itself, not re-tied to wte), rotary positions (no wpe) and
@@ -372,6 +377,7 @@ def test_lr_schedule():
     assert get_lr(60, 0.004, s) == pytest.approx(0.004 * 0.55)  # each role from its own peak
 
 
+@pytest.mark.slow
 def test_help_lists_every_setting_from_the_settings_block():
     """python train_gpt2.py --help: every setting with its default and its comment, read from the settings
     block itself, exit 0."""
@@ -505,6 +511,7 @@ def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, tex
     assert msg.endswith("GiB per process): try --B=2 (gradient accumulation keeps total_batch_size)"), msg
 
 
+@pytest.mark.slow
 def test_one_run_per_log_dir(tmp_path, text):
     """A second run into the log_dir of a live one is refused in one line naming the first (it would resume
     from the first's live checkpoint and both would write one log). Ctrl-C is acknowledged at once; a second
@@ -550,6 +557,7 @@ print("never")
 
 
 @pytest.mark.parametrize("status", [0, 143])
+@pytest.mark.slow
 def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, status):
     """exit_process skips the interpreter's shutdown (which races gloo's worker threads and can abort): the
     exit status and everything printed still come out."""
@@ -575,6 +583,7 @@ def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
     assert many[0]["val_loss"] == once[0]["val_loss"] and many[0]["val_bpb"] == once[0]["val_bpb"]
 
 
+@pytest.mark.slow
 def test_a_mistake_under_torchrun_is_said_once_per_node(tmp_path, text):
     """Every rank finds the same mistake; only local rank 0 prints it, and torchrun ends with status 1."""
     r = train(TINY + [f"--data_root={text}", "--B=0", f"--log_dir={tmp_path / 'log'}"], cwd=tmp_path,
@@ -583,6 +592,7 @@ def test_a_mistake_under_torchrun_is_said_once_per_node(tmp_path, text):
     assert not os.path.exists(tmp_path / "log")
 
 
+@pytest.mark.slow
 def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, reference):
     """--init_from=<checkpoint> into a new log_dir is a fine-tune. Stopped by Ctrl-C, the same command again
     continues it from its own newest checkpoint (not from the pretrained weights: before, it started over at
@@ -611,6 +621,7 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
     assert final_weights(log)["config"]["init_from"] == weights  # the origin, kept
 
 
+@pytest.mark.slow
 def test_compile_is_not_used_on_an_apple_gpu(text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
@@ -622,6 +633,7 @@ def test_compile_is_not_used_on_an_apple_gpu(text):
     assert not any("C++ compiler" in note for note in notes)
 
 
+@pytest.mark.slow
 def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, reference):
     """--init_from=<weights> without shape settings: the run is the weights' model, and its config line and
     start record say so (not the CPU fallback's 4 layers x 64); the CPU NOTE promises no small model. A shape
@@ -650,6 +662,7 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     assert not os.path.exists(tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_extending_a_finished_run_says_where_the_learning_rate_goes(tmp_path, capsys, text, reference):
     """max_steps 8 -> 12 on a finished run: the cosine is stretched, so the learning rate jumps back up; a
     NOTE says from what to what (before, only "max_steps changed")."""
@@ -734,6 +747,7 @@ def test_rank_without_local_rank(monkeypatch):
         runtime.setup("cpu")
 
 
+@pytest.mark.slow
 def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
     """Some network filesystems have no flock (ENOSYS): filelock 3.x then raised NotImplementedError out of
     the log_dir lock; 4.x falls back to a lock file that records its owner, and requirements.txt asks for it.
