@@ -105,21 +105,30 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR, option="--data"):
 
 # ------------------------------------------------------------------------------------------------ scoring
 
-def encode(example, enc):
+def encode(example, enc, block_size):
     """(context tokens, [tokens of each ending]): GPT-2 tokens carry the space before a word, so an ending
-    is encoded as " " + ending."""
-    return enc.encode_ordinary(example["ctx"]), [enc.encode_ordinary(" " + e) for e in example["endings"]]
+    is encoded as " " + ending. The context is cropped from the left so that it and the longest ending fit
+    the model's block_size positions (GPT-2's 1024 hold every example; a small model's may not); an ending
+    longer than block_size is a UserError."""
+    ctx = enc.encode_ordinary(example["ctx"])
+    ends = [enc.encode_ordinary(" " + e) for e in example["endings"]]
+    longest = max(len(end) for end in ends)
+    room = block_size - longest
+    if room < 0:
+        raise UserError(f"a HellaSwag ending of {longest} tokens does not fit the model's block_size="
+                        f"{block_size}: a larger block_size, or --hellaswag=0")
+    return ctx[len(ctx) - room:] if len(ctx) > room else ctx, ends
 
 
-def encode_all(examples, enc):
+def encode_all(examples, enc, block_size):
     """encode() of every example. (tiktoken's encode_ordinary_batch is 4x slower on these 50k short texts: a
     thread-pool task for each.)"""
-    return [encode(ex, enc) for ex in examples]
+    return [encode(ex, enc, block_size) for ex in examples]
 
 
-def render(example, enc):
+def render(example, enc, block_size):
     """Token rows context + ending for the 4 endings, and masks marking each row's ending tokens."""
-    ctx, ends = encode(example, enc)
+    ctx, ends = encode(example, enc, block_size)
     return [ctx + end for end in ends], [[0] * len(ctx) + [1] * len(end) for end in ends]
 
 
@@ -195,10 +204,11 @@ class Prepared:
     not count. Rank r of world_size has examples r, r + world_size, ... The arrays are in (pinned, on CUDA)
     host memory, copied to the device batch by batch without waiting."""
 
-    def __init__(self, examples, rt, batch_size):
+    def __init__(self, examples, rt, batch_size, block_size):
         self.batch_size = batch_size
         mine = list(range(rt.rank, len(examples), rt.world_size))
-        packed = {i: pack(*e) for i, e in zip(mine, encode_all([examples[i] for i in mine], get_encoding()))}
+        encoded = encode_all([examples[i] for i in mine], get_encoding(), block_size)  # fit block_size
+        packed = {i: pack(*e) for i, e in zip(mine, encoded)}
         mine.sort(key=lambda i: len(packed[i][0]))
         most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
         batches = [mine[start:start + batch_size] for start in range(0, most, batch_size)]
@@ -292,7 +302,7 @@ def evaluate_unbatched(model, examples, rt, progress=False):
     enc = get_encoding()
     predictions = []
     for i, example in enumerate(tqdm(examples, desc="hellaswag", unit="ex", disable=not progress)):
-        rows, masks = render(example, enc)
+        rows, masks = render(example, enc, model.config.block_size)
         T = max(len(r) for r in rows)
         tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=rt.device)
         mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float, device=rt.device)
@@ -335,7 +345,8 @@ def main():
     if args.unbatched:
         result, how = evaluate_unbatched(model, examples, rt, progress=True), ""
     else:
-        prepared = Prepared(examples, rt, args.batch_size or (64 if rt.kind == "cuda" else 8))
+        prepared = Prepared(examples, rt, args.batch_size or (64 if rt.kind == "cuda" else 8),
+                            model.config.block_size)
         how = f" (tokenizing and packing {time.time() - t0:.1f} s)"
         result = evaluate(model, prepared, rt, progress=rt.master)
     dt = time.time() - t0

@@ -385,7 +385,7 @@ class GPT(nn.Module):
         (N,). chunked=True (with targets): the mean loss by ChunkedHeadLoss, which also computes its
         gradients in the forward. train_gpt2.py trains that way on a CPU."""
         B, T = idx.size()
-        if T > self.config.block_size:
+        if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop "
                              f"the input to the last {self.config.block_size} tokens or use a larger "
                              "block_size")

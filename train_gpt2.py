@@ -254,7 +254,7 @@ def load_data(s, rt):
     examples = None
     if s.hellaswag > 0:
         examples = Prepared(load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data"),
-                            rt, max(1, (s.eval_B or s.B) * s.T // 384))
+                            rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
     return train, val, examples
 
 

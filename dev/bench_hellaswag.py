@@ -42,7 +42,8 @@ def main():
     if args.check:
         model = GPT(GPTConfig(vocab_size=50304, n_layer=2, n_head=4, n_embd=128)).double().eval()
         t0 = time.time()
-        got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), args.batch_size), Runtime())
+        prepared = hellaswag.Prepared(examples, Runtime(), args.batch_size, model.config.block_size)
+        got = hellaswag.evaluate(model, prepared, Runtime())
         ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
         same = sum(a == b for a, b in zip(got["predictions"], ref["predictions"]))
         print(f"{same} of {len(examples)} predictions identical; acc {got['acc']:.4f} / {ref['acc']:.4f}, "
@@ -67,7 +68,7 @@ def main():
     synchronize(rt.device)
     print(f"first forward in this process: {time.time() - t0:.2f} s")
     t0 = time.time()
-    prepared = hellaswag.Prepared(examples, rt, args.batch_size)
+    prepared = hellaswag.Prepared(examples, rt, args.batch_size, model.config.block_size)
     shapes = sorted({tuple(shapes[0]) for _, shapes, _ in prepared.batches})
     print(f"prepared {len(examples)} examples in {time.time() - t0:.2f} s: {len(prepared.batches)} batches, "
           f"shapes {shapes}")

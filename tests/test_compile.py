@@ -46,8 +46,8 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     assert sorted(got) == sorted(ref) == list(range(1, 9))
     for s in ref:
         assert math.isclose(got[s], ref[s], rel_tol=1e-4 if wrap == "ddp" else 1e-5), (s, got[s], ref[s])
-    eager = evaluate(load_model(checkpoints(log)[-1]).eval(), Prepared(load_examples(data), Runtime(), 1),
-                     Runtime())
+    model = load_model(checkpoints(log)[-1]).eval()
+    eager = evaluate(model, Prepared(load_examples(data), Runtime(), 1, model.config.block_size), Runtime())
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 

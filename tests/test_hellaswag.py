@@ -40,7 +40,7 @@ def models(request, model):
 def test_render_and_masks():
     enc = get_encoding()
     ex = hellaswag.normalize(example(3), "test")
-    rows, masks = hellaswag.render(ex, enc)
+    rows, masks = hellaswag.render(ex, enc, 1024)
     ctx = enc.encode_ordinary(ex["ctx"])
     for row, mask, ending in zip(rows, masks, ex["endings"]):
         end = enc.encode_ordinary(" " + ending)
@@ -70,12 +70,12 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
     enc = get_encoding()
     examples = [hellaswag.normalize(example(i), "t") for i in (0, 7, 11)]
     examples.append({**examples[0], "ctx": ""})
-    packed = [hellaswag.pack(*hellaswag.encode(ex, enc)) for ex in examples]
+    packed = [hellaswag.pack(*hellaswag.encode(ex, enc, 1024)) for ex in examples]
     for ex, (tokens, pos, group, scored) in zip(examples, packed):
         ctx = enc.encode_ordinary(ex["ctx"])
         assert tokens[:len(ctx)] == ctx and group.count(-1) == len(ctx)
         assert len(scored) == len(tokens) - len(ctx) - (0 if ctx else 4)
-    prepared = hellaswag.Prepared(examples, Runtime(), 6)  # one batch, 2 padding rows
+    prepared = hellaswag.Prepared(examples, Runtime(), 6, 1024)  # one batch, 2 padding rows
     [(_, _, order)] = prepared.batches
     tokens, pos, group, select, targets, owner, labels = prepared.arrays(0, "cpu")
     assert tokens.shape[0] == 6 and tokens.shape[1] % hellaswag.BUCKET == 0
@@ -86,7 +86,7 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
     total = torch.zeros(4 * len(examples)).index_add_(0, owner, losses)
     ref = []
     for ex in [examples[i] for i in order]:  # the batch's rows are sorted by length
-        rows, masks = hellaswag.render(ex, enc)
+        rows, masks = hellaswag.render(ex, enc, 1024)
         T = max(len(r) for r in rows)
         row_tokens = torch.tensor([r + [0] * (T - len(r)) for r in rows])
         mask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float)
@@ -99,7 +99,8 @@ def test_batched_equals_unbatched(models, batch_size):
     model = models
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
     ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
-    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), batch_size), Runtime())
+    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), batch_size, model.config.block_size),
+                             Runtime())
     assert got["predictions"] == ref["predictions"]
     assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"],
                                                        ref["acc_norm"]) and got["n"] == 20
@@ -109,9 +110,10 @@ def test_batched_equals_unbatched(models, batch_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
-    single = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4), Runtime())
+    block = model.config.block_size
+    single = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4, block), Runtime())
     ranks = [Runtime(rank=rank, world_size=world_size) for rank in range(world_size)]
-    parts = [hellaswag.evaluate(model, hellaswag.Prepared(examples, rt, 4), rt) for rt in ranks]
+    parts = [hellaswag.evaluate(model, hellaswag.Prepared(examples, rt, 4, block), rt) for rt in ranks]
     indices = [i for p in parts for i, _, _ in p["predictions"]]
     assert sorted(indices) == list(range(10))  # every example once
     assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
@@ -262,7 +264,8 @@ def test_a_training_run_tokenizes_hellaswag_once(tmp_path, monkeypatch, text):
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(9)])
     calls = []
     real = hellaswag.encode_all
-    monkeypatch.setattr(hellaswag, "encode_all", lambda examples, enc: calls.append(1) or real(examples, enc))
+    monkeypatch.setattr(hellaswag, "encode_all",
+                        lambda examples, enc, block: calls.append(1) or real(examples, enc, block))
     log = tmp_path / "log"
     assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=6", "--eval_interval=2",
                                    "--checkpoint_interval=6", "--hellaswag=9", f"--hellaswag_data={data}",
@@ -306,3 +309,29 @@ def test_padded_lengths_are_few_and_pad_the_least():
         best.append([0] + [min(best[-1][i] + m[j - 1] * (j - i) - sum(m[i:j]) for i in range(j))
                            for j in range(1, len(m) + 1)])
     assert padding(hellaswag.padded_lengths(sample), sample) == min(row[-1] for row in best)
+
+
+def test_a_model_of_few_positions_evaluates_cropped_contexts(tmp_path, capsys, text):
+    """A packed row (the context once, then 4 endings) is longer than the positions it uses, and a small
+    model's block_size may not hold a context and its longest ending: each context is cropped from the left
+    to fit, the same way in the packed evaluation and the one-example reference (their predictions equal),
+    and a training run with block_size 48 evaluates HellaSwag instead of dying at its first evaluation; an
+    ending longer than block_size is one line at start-up."""
+    import train_gpt2
+    from conftest import TINY, records
+    examples = [hellaswag.normalize(example(i), "t") for i in range(12)]  # contexts up to ~90 tokens
+    ctx, ends = hellaswag.encode(examples[11], get_encoding(), 40)
+    assert len(ctx) + max(map(len, ends)) == 40
+    assert len(hellaswag.encode(examples[11], get_encoding(), 1024)[0]) > 40  # cropped from more
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=40, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).double().eval()
+    ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
+    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4, 40), Runtime())
+    assert got["predictions"] == ref["predictions"] and got["n"] == 12
+    data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(12)])
+    log = tmp_path / "log"
+    assert train_gpt2.main(TINY + [f"--data_root={text}", "--block_size=48", "--max_steps=2", "--hellaswag=12",
+                                   f"--hellaswag_data={data}", f"--log_dir={log}"]) == 0
+    assert [r["step"] for r in records(str(log)) if "hellaswag" in r] == [2]
+    with pytest.raises(UserError, match="a HellaSwag ending of .* tokens does not fit the model's block_size=4"):
+        hellaswag.Prepared(examples, Runtime(), 4, 4)
