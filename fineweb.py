@@ -6,13 +6,13 @@
     python fineweb.py --pretokenized --shards 10    # the val shard and the first 10 train shards (1B tokens)
 
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
-output is deterministic. The token stream is cut into shards of --shard_size tokens (a document may span
-two): shard 0 is the validation split ({prefix}_val_000000.bin), the rest train ({prefix}_train_000001.bin,
-...); the last may be short. A corpus within one shard is cut as a data_root file is: the first 90% trains,
-the last 10% validates. Each shard is written under a temporary name and renamed when complete. A rerun with
-the same arguments skips the complete shards (their headers record where in the document stream they end)
-and writes byte-identical files; a rerun with other arguments, or after the input files changed (names,
-sizes, modification times), is refused.
+output is deterministic. The token stream's first 16,777,216 tokens (VAL_TOKENS, or one shard if
+--shard_size is smaller) are the validation split ({prefix}_val_000000.bin), the rest train in shards of
+--shard_size tokens ({prefix}_train_000001.bin, ...; a document may span two, the last may be short). A corpus
+within one shard is cut as a data_root file is: the first 90% trains, the last 10% validates. Each shard is
+written under a temporary name and renamed when complete. A rerun with the same arguments skips the complete
+shards (their headers record where in the document stream they end) and writes byte-identical files; a rerun
+with other arguments, or after the input files changed (names, sizes, modification times), is refused.
 
 --pretokenized downloads FineWeb-Edu 10B as modded-nanogpt's cached_finewebedu10B.py does: the Hugging Face
 dataset kjj0/finewebedu10B-gpt2, already tokenized with GPT-2's BPE in llm.c's shard layout (which the loader
@@ -37,6 +37,10 @@ from documents import DOCUMENT_FILES, field, iter_file, text_of
 from errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
+# the validation shard of a corpus larger than one shard: its first VAL_TOKENS (or one shard, if smaller):
+# more than the default run evaluates (val_tokens = 10,485,760), a small share of any corpus past one shard
+# (a 150M one keeps 89% to train, not 33%), whatever --shard_size is
+VAL_TOKENS = 2**24
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
 # its train shards: finewebedu_train_000001.bin ... _000099.bin, 100M tokens each but the last (53,989,344):
 # 9,853,989,344 tokens (103 is kjj0/fineweb10B-gpt2's count, not this dataset's)
@@ -191,6 +195,11 @@ def encode_batches(docs, workers, batch_docs=256):
 
 # ------------------------------------------------------------------------------------------------ sharding
 
+def val_size(shard_size):
+    """Tokens of the validation shard of a corpus larger than one shard."""
+    return min(VAL_TOKENS, shard_size)
+
+
 def shard_name(out_dir, prefix, index):
     return shard_path(out_dir, prefix, "val" if index == 0 else "train", index)
 
@@ -216,7 +225,8 @@ def complete_shards(out_dir, prefix, fingerprints):
             break
         if header[6] != fingerprints[0]:
             raise UserError(f"{path} was written by fineweb.py with other arguments (input, --text_field or "
-                            f"--shard_size): use another --out_dir or --prefix, or delete the old shards")
+                            f"--shard_size, or an older fineweb.py's layout): use another --out_dir or "
+                            "--prefix, or delete the old shards")
         if header[7] != fingerprints[1]:
             raise UserError(f"the input files changed since {path} was written (a file added, removed or "
                             f"modified): delete {os.path.join(out_dir, prefix)}_*.bin to tokenize them "
@@ -260,10 +270,12 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     listing = input_files(input_path) if input_path else None  # a missing input fails here, before out_dir
-    fingerprints = (zlib.crc32(json.dumps([source, text_field, shard_size]).encode()) & 0x7FFFFFFF,
+    val = val_size(shard_size)  # part of the layout a rerun must match, where it differs from a shard
+    layout = [source, text_field, shard_size] + ([val] if val < shard_size else [])
+    fingerprints = (zlib.crc32(json.dumps(layout).encode()) & 0x7FFFFFFF,
                     contents_fingerprint(input_path, listing[1]) if listing else 0)  # 0: FineWeb, the Hub
     done = complete_shards(out_dir, prefix, fingerprints) if os.path.isdir(out_dir) else []
-    if done and done[-1][2] < shard_size:  # a short shard is the last one: nothing left to do
+    if len(done) > 1 and done[-1][2] < shard_size:  # a short train shard is the last one: nothing left to do
         print(f"fineweb: all {len(done)} shards in {out_dir} are complete")
         return
     if listing and listing[0] != "saved":  # a bad byte late in the input found now, not after hours of shards
@@ -293,7 +305,10 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
         print(f"fineweb: {len(done)} complete shards in {out_dir}, resuming at document {next_doc:,}")
 
     from tqdm import tqdm
-    buf = np.empty(shard_size, dtype=np.uint16)
+    val = val_size(shard_size)
+    # until the stream passes one shard nothing is written (a corpus within one shard is cut 90/10): buf then
+    # holds the val shard's tokens and the first train shard's beginning
+    buf = np.empty(shard_size + val, dtype=np.uint16)
     fill, index, doc, total, t0 = 0, len(done), next_doc, 0, time.time()
     doc_ends = []  # where each document ends in buf while nothing is written (a corpus that fits in a shard)
     # closed however the loop ends: a bad document's line is printed on a line of its own
@@ -305,13 +320,20 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
             pos = skip_tokens  # first token of this batch not yet written
             skip_tokens = 0
             while pos < len(tokens):
-                take = min(shard_size - fill, len(tokens) - pos)
+                take = min((len(buf) if index == 0 else shard_size) - fill, len(tokens) - pos)
                 buf[fill:fill + take] = tokens[pos:pos + take]
                 fill, pos = fill + take, pos + take
-                if fill == shard_size:
+                if index == 0 and fill > shard_size:  # past one shard: the val shard, its first `val` tokens
+                    i = int(np.searchsorted(doc_ends, val, side="right"))  # the document holding token `val`
+                    write_shard(shard_name(out_dir, prefix, 0), buf[:val], next_doc + i,
+                                val - (doc_ends[i - 1] if i else 0), fingerprints)
+                    buf[:fill - val] = buf[val:fill]
+                    fill, index = fill - val, 1
+                if index > 0 and fill == shard_size:
                     i = int(np.searchsorted(ends, pos, side="right"))  # the document holding the next token
                     offset = pos - (int(ends[i - 1]) if i else 0)
-                    write_shard(shard_name(out_dir, prefix, index), buf, doc + i, offset, fingerprints)
+                    write_shard(shard_name(out_dir, prefix, index), buf[:shard_size], doc + i, offset,
+                                fingerprints)
                     index, fill = index + 1, 0
             doc += len(lengths)
             total += len(tokens)

@@ -733,3 +733,42 @@ def test_a_bad_byte_late_in_the_input_is_found_before_any_shard(tmp_path, monkey
     with pytest.raises(UserError, match="at byte 1,000"):  # the 2-byte é cut at every read's end
         check_utf8([str(folder / "z.txt")], chunk=7)
     check_utf8([str(folder / "a.txt")], chunk=7)
+
+
+def test_validation_is_a_small_share_past_one_shard(tmp_path, monkeypatch):
+    """Past one shard the validation split is the corpus's first VAL_TOKENS (here 50, with shards of 97), not
+    a whole shard: a corpus of 1 to 2 shards no longer goes mostly to validation; a corpus of exactly one
+    shard is cut 90/10 (it had no train tokens); the stream is whole and in order either way, and a run
+    interrupted after any shard resumes into the same files."""
+    monkeypatch.setattr(fineweb, "VAL_TOKENS", 50)
+    stream = reference(DOCS)
+    out = make(tmp_path / "a", shard_size=97)
+    sizes = [len(load_shard(p)) for p in shards_of(out)]
+    assert sizes[0] == 50 and all(s == 97 for s in sizes[1:-1]) and 0 < sizes[-1] <= 97, sizes
+    assert np.array_equal(np.concatenate([load_shard(p) for p in shards_of(out)]), stream)
+    assert DataLoaderLite(2, 8, data_root=str(out)).tokens_total == len(stream) - 50
+    expected = {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)}
+
+    real, written = fineweb.write_shard, []
+
+    def dies_after(n):  # the process killed after its n-th shard
+        def write(*args, **kw):
+            if len(written) == n:
+                raise KeyboardInterrupt
+            real(*args, **kw)
+            written.append(args[0])
+        return write
+    src = tmp_path / "a" / "corpus.jsonl"  # the same file, untouched: a rerun may continue its shards
+    for n in (1, 2):
+        written.clear()
+        out = tmp_path / f"killed{n}"
+        monkeypatch.setattr(fineweb, "write_shard", dies_after(n))
+        with pytest.raises(KeyboardInterrupt):
+            fineweb.main(str(src), str(out), "text", 97, "t", 2)
+        monkeypatch.setattr(fineweb, "write_shard", real)
+        fineweb.main(str(src), str(out), "text", 97, "t", 2)
+        assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(out)} == expected, n
+
+    one = make(tmp_path / "one", shard_size=len(stream))  # exactly one shard: 90/10, as a data_root file
+    val, train = (load_shard(p) for p in shards_of(one))
+    assert len(train) == split_point(len(stream)) and np.array_equal(np.concatenate([train, val]), stream)
