@@ -40,10 +40,12 @@ def get_lr(step, peak, s):
 
 
 def set_lr(optimizers, step, peaks, s):
-    """Each parameter group's learning rate for `step`: get_lr from its role's peak (peaks[role])."""
+    """Each parameter group's learning rate for `step`: get_lr from its role's peak (peaks[role]). Returns
+    the rate at max_lr's peak, the one the log shows."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = get_lr(step, peaks[group["role"]], s)
+    return get_lr(step, s.max_lr, s)
 
 
 def param_roles(model, muon):

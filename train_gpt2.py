@@ -31,7 +31,7 @@ from dataloader import DataLoaderLite
 from errors import RankError, UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
 from model import GPT, GPTConfig
-from optimizers import get_lr, make_optimizers, role_peaks, set_lr
+from optimizers import make_optimizers, role_peaks, set_lr
 from plot import write_report
 from runlog import RunLog, hold_log_dir, metrics_path
 from runtime import Runtime, autocast, print0, synchronize
@@ -124,7 +124,7 @@ def main(argv=None):
         while run.step < s.max_steps:
             t0 = time.time()
             runtime.reset_peak_memory(rt.device)  # this step's peak, not the run's (evaluations differ)
-            set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
+            lr = set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
             scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
             loss, norm, skipped = train_step([run.train_loader.next_batch() for _ in range(run.accum_steps)])
             if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
@@ -132,7 +132,6 @@ def main(argv=None):
             synchronize(rt.device)  # wait for the GPU before reading the clock
             dt = time.time() - t0
             run.step = step = run.step + 1
-            lr = get_lr(step - 1, s.max_lr, s)
             tok_s = s.total_batch_size / dt
             util = mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)
             mem = runtime.peak_memory(rt.device)  # this rank's; None off CUDA
