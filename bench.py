@@ -18,7 +18,7 @@ cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generati
 accounting.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
 kernel (fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
 
---report DIR runs report.py's sections, each in its own process (the GPU checks of tests/test_gpu.py, the
+--report DIR runs gpu_report.py's sections, each in its own process (the GPU checks of tests/test_gpu.py, the
 ladder, the step at B=16 and 64, train_gpt2.py's first steps, generation, HellaSwag, memory), keeping each
 one's raw output beside DIR/report.md, which names the GPU, the versions, the date and the commit.
 """
@@ -433,7 +433,7 @@ def main():
                         help="hellaswag_val.jsonl for --only hellaswag and --report (default: 64 examples "
                         "cut from input.txt)")
     parser.add_argument("--report", default=None, metavar="DIR",
-                        help="every GPU figure: each part of report.SECTIONS in its own process, its raw "
+                        help="every GPU figure: each of gpu_report.sections in its own process, its raw "
                         "output and DIR/report.md; a rerun continues where one stopped")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "

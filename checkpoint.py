@@ -58,9 +58,9 @@ def checksum(obj):
 def checkpoints(log_dir):
     """The checkpoint files in log_dir, oldest first by step, not by name (model_1000000.pt is newer than
     model_999999.pt); written as .tmp and renamed when whole."""
-    paths = [p for p in glob.glob(os.path.join(log_dir, "model_*.pt"))
-             if re.fullmatch(r"model_\d+\.pt", os.path.basename(p))]
-    return sorted(paths, key=lambda p: int(os.path.basename(p)[6:-3]))
+    steps = {p: re.fullmatch(r"model_(\d+)\.pt", os.path.basename(p))
+             for p in glob.glob(os.path.join(log_dir, "model_*.pt"))}
+    return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
 
 def remove_stale_writes(log_dir):

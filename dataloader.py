@@ -161,15 +161,15 @@ class DataLoaderLite:
         rows_per_step = B * num_processes
         self.skipped = []  # train shards shorter than a step (a corpus's tail): [(name, tokens)]
         if split == "train":
-            short = [(name, tokens) for name, tokens in self.shards if (len(tokens) - 1) // T < rows_per_step]
-            if len(short) == len(self.shards):  # nothing would be left to train on
-                name, tokens = short[0]
+            fits = [(len(tokens) - 1) // T >= rows_per_step for _, tokens in self.shards]
+            if not any(fits):  # nothing would be left to train on
+                name, tokens = self.shards[0]
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
                                 "(fineweb.py --shard_size)")
-            self.skipped = [(name, len(tokens)) for name, tokens in short]
-            self.shards = [shard for shard in self.shards if shard[0] not in dict(self.skipped)]
+            self.skipped = [(name, len(tokens)) for (name, tokens), ok in zip(self.shards, fits) if not ok]
+            self.shards = [shard for shard, ok in zip(self.shards, fits) if ok]
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
             if rows < 1:  # validation reads rows (read_rows), not steps

@@ -155,19 +155,19 @@ def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(rt.device)
     model.eval()
-    n, prompts = steps, {"3 prompts": torch.randint(0, 50257, (3, 8), device=rt.device),
-                                    "3 samples of one prompt": torch.randint(0, 50257, (1, 8),
-                                                                             device=rt.device).expand(3, 8)}
+    one = torch.randint(0, 50257, (1, 8), device=rt.device)
+    prompts = {"3 prompts": torch.randint(0, 50257, (3, 8), device=rt.device),
+               "3 samples of one prompt": one.expand(3, 8)}
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     agreements = {}
     try:
         for name, idx in prompts.items():
-            fast = model.generate(idx, n, top_k=1, compile=compile).tolist()
-            full = model.generate(idx, n, top_k=1, use_cache=False)
+            fast = model.generate(idx, steps, top_k=1, compile=compile).tolist()
+            full = model.generate(idx, steps, top_k=1, use_cache=False)
             top2 = model(full[:, :-1])[0][:, 7:, :GPT2_VOCAB].float().topk(2, dim=-1).values
             compared, same = greedy_agreement(fast, full.tolist(), (top2[..., 0] - top2[..., 1]).tolist(), 8)
-            agreements[name] = (compared, idx.size(0) * n, same)
+            agreements[name] = (compared, idx.size(0) * steps, same)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     idx = prompts["3 prompts"]

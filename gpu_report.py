@@ -20,7 +20,9 @@ import xml.etree.ElementTree as ET
 
 import torch
 
-from runlog import metrics_path, read_log
+from checkpoint import checkpoints
+from errors import UserError
+from runlog import metrics_path, nearest_existing, read_log
 from runtime import device_name, git_state
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -172,6 +174,9 @@ def write(out, env, command, done):
 def run(out, device, hellaswag_data=None, budget=None, commit=None):
     """bench.py --report: every section this DIR lacks for this commit and device; the exit status (1: a
     section failed; 2: stopped at the budget, a rerun continues)."""
+    where = nearest_existing(out)  # the folder itself, or where it will be made
+    if not os.path.isdir(where) or not os.access(where, os.W_OK):
+        raise UserError(f"--report {out}: {where} is not a folder that can be written: choose another folder")
     os.makedirs(out, exist_ok=True)
     env = environment(device, commit)
     cuda = torch.device(device).type == "cuda"
@@ -204,9 +209,7 @@ def run(out, device, hellaswag_data=None, budget=None, commit=None):
         done[name] = record
         status = status or (1 if record["rc"] else 0)
         write(out, env, command, done)
-    for leftover in os.listdir(os.path.join(out, "script_log")) if os.path.isdir(
-            os.path.join(out, "script_log")) else []:
-        if leftover.startswith("model_"):  # the script's checkpoints: gigabytes the report does not need
-            os.remove(os.path.join(out, "script_log", leftover))
+    for path in checkpoints(os.path.join(out, "script_log")):  # gigabytes the report does not need
+        os.remove(path)
     print(f"wrote {os.path.join(out, 'report.md')}")
     return status

@@ -117,7 +117,7 @@ def encode(example, enc, block_size):
     if room < 0:
         raise UserError(f"a HellaSwag ending of {longest} tokens does not fit the model's block_size="
                         f"{block_size}: a larger block_size, or --hellaswag=0")
-    return ctx[len(ctx) - room:] if len(ctx) > room else ctx, ends
+    return ctx[max(0, len(ctx) - room):], ends
 
 
 def encode_all(examples, enc, block_size):

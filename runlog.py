@@ -113,7 +113,7 @@ class RunLog:
         if not runtime.is_rank0() or not os.path.exists(self.path):
             return
         n = 1
-        while os.path.exists(aside := self.path.replace("metrics.jsonl", f"metrics.{n}.jsonl")):
+        while os.path.exists(aside := os.path.join(os.path.dirname(self.path), f"metrics.{n}.jsonl")):
             n += 1
         os.replace(self.path, aside)
         print(f"NOTE: no checkpoint to continue in {os.path.dirname(self.path) or '.'}: this run starts "

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import script
+from conftest import assert_one_line_error, script
 from errors import UserError
 from runtime import Runtime
 
@@ -276,6 +276,9 @@ def test_report_runs_every_section_and_continues(tmp_path):
     assert "| [memory]" not in (out / "report.md").read_text()  # a stopped section is not shown
     assert script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234").returncode == 0
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
+    (tmp_path / "a_file").write_text("")
+    assert_one_line_error(script("bench.py", "--report", str(tmp_path / "a_file" / "r"), "--device", "cpu"),
+                          "a_file is not a folder that can be written: choose another folder")
 
 
 def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
