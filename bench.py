@@ -95,22 +95,22 @@ def time_steps(step, device, steps, warmup):
     return statistics.median(times), peak
 
 
-def ladder(size, B, T, rt, steps, warmup, skip, last_only=False):
-    """The table of rungs (last_only: only the last, every switch but skip's on: the training step as
-    train_gpt2.py runs it), measured at B x T."""
+def rungs(skip):
+    """The ladder's rows, (label, switch) of each rung but skip's: a skipped switch stays off in every later
+    rung too."""
+    return [(LABEL[name], switch) for name, switch in RUNGS if name not in skip]
+
+
+def ladder(size, B, T, rt, steps, warmup, rows):
+    """The table of rows (label, switch), each measured at B x T with its switch and every one above it on."""
     device = rt.kind
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
     lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
-    last = [name for name, _ in RUNGS if name not in skip][-1]
-    for name, switch in RUNGS:
-        if name in skip:
-            continue
+    for label, switch in rows:
         s.update(switch)
-        if last_only and name != last:
-            continue
         try:
             step = training_step(size, s, B, T, rt)
             dt, mem = time_steps(step, device, steps, warmup)
@@ -118,13 +118,12 @@ def ladder(size, B, T, rt, steps, warmup, skip, last_only=False):
             if not is_out_of_memory(e):
                 raise
             step = dt = mem = prev = None
-            lines.append(f"| {LABEL[name]} | out of memory at B={B} | | | | |")
+            lines.append(f"| {label} | out of memory at B={B} | | | | |")
             print(lines[-1], flush=True)
             continue
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        label = f"every rung, B={B}" if last_only else LABEL[name]
         lines.append(f"| {label} | {dt * 1000:.1f} | {tok_s:,.0f} | "
                      f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
                      f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
@@ -470,14 +469,12 @@ def main():
               f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps "
               f"after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
-    all_on = dict(BASE)
-    for rung, switch in RUNGS:
-        all_on.update({} if rung in skip else switch)
-    last_s, last_mem = all_on, None
+    every = {k: v for _, switch in rungs(skip) for k, v in switch.items()}  # the step train_gpt2.py runs
+    last_s, last_mem = {**BASE, **every}, None
     for part in [p for p in ONLY if p in only]:
         if part in ("training", "step"):
-            lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, skip,
-                                                                 last_only=part == "step")
+            rows = rungs(skip) if part == "training" else [(f"every rung, B={B}", every)]
+            lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, rows)
             report += lines + [""]
             print()
             if part == "training" and last_step is not None:
