@@ -11,7 +11,7 @@ GPU figure README quotes, in one command.
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
-timed over train_gpt2.py's own training step (make_train_step: forward, backward, clip, AdamW) on fixed random
+timed over train_gpt2.py's own training step (train_step: forward, backward, clip, AdamW) on fixed random
 tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median reported (a
 rung that runs out of memory says so). Then: where the last rung's step time goes (torch.profiler:
 cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation,
@@ -38,10 +38,11 @@ import gpu_check
 import runtime
 from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
 from errors import UserError, check_range, command_line, main_guard
+from engine import Engine
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
 from runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
-from train_gpt2 import Models, make_train_step
+from train_gpt2 import Models, train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it
     ("fp32", {}), ("tf32", {"tf32": True}), ("bf16", {"bf16": True}), ("compile", {"compile": True}),
@@ -72,10 +73,9 @@ def training_step(size, s, B, T, rt):
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
     no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
     compiled = torch.compile(model) if s["compile"] else model
-    models = Models(model, compiled, compiled, lambda last: contextlib.nullcontext(), s["compile"])
-    step = make_train_step(models, opts, no_scaling, rung, 1.0)
+    models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
-    return lambda: step(batch)
+    return lambda: train_step(batch, models, opts, no_scaling, rung, 1.0)
 
 
 def time_steps(step, device, steps, warmup):
@@ -221,7 +221,7 @@ def breakdown(step, device, step_time, steps=3, trace=None):
 def decode_bytes(model, batch):
     """The fewest bytes one cached decode step reads: every weight once (embeddings but the looked-up rows:
     wpe and wte's rows are gathered, lm_head = wte is read whole) and the whole preallocated KV-cache, which
-    every step attends over with a mask (model.KVCache)."""
+    every step attends over with a mask (engine.KVCache)."""
     c = model.config
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "wpe" not in name)
     per_value = model.lm_head.weight.element_size()  # bytes: the cache is in the weights' dtype
@@ -239,6 +239,7 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
     device = rt.device
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
+    engine = Engine(model, compile)
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
         "compiled decode step" if compile else "eager"
@@ -262,13 +263,13 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
         seconds, outs, warm = {}, {}, ""
         with autocast(device, rt.dtype):
             if batch not in warmed:  # a decode step per batch size: compiled and captured once
-                warm = f"{timed(lambda: model.generate(idx, 2, top_k=1, compile=compile))[1]:.1f} s"
+                warm = f"{timed(lambda: engine.generate(idx, 2, top_k=1))[1]:.1f} s"
                 warmed.add(batch)
-            _, first = timed(lambda: model.generate(idx, 1, top_k=1, compile=compile))
+            _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
             for use_cache in (True, False):
                 for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
-                    outs[use_cache], seconds[use_cache] = timed(lambda: model.generate(
-                        idx, new, top_k=1, use_cache=use_cache, compile=compile))
+                    outs[use_cache], seconds[use_cache] = timed(lambda: engine.generate(
+                        idx, new, top_k=1, use_cache=use_cache))
         rates = {k: batch * new / v for k, v in seconds.items()}
         per_step = max(seconds[True] - first, 1e-9) / max(new - 1, 1)
         gbs = decode_bytes(model, batch) / per_step / 1e9

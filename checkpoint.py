@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import glob
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -24,7 +25,19 @@ import hf_gpt2
 from model import GPT, GPTConfig
 from runlog import evaluated, metrics_path, nearest_existing
 from errors import UserError, command_line, find_cause, first_line, main_guard
+from optimizers import get_lr
 from runtime import broadcast_object, print0, stop_everywhere
+
+# the settings that a model's weights decide
+MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
+# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
+# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
+# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
+STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+FIXED = SHAPE + STREAM + ("optimizer",)
+# what a checkpoint written before a setting existed ran with
+BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
 
 
 class CheckpointError(UserError):
@@ -225,36 +238,35 @@ def load_state(model, optimizers, ckpt, distributed):
                     state["step"] = state["step"].to(p.device, torch.float32)
 
 
-def save_run(run):
-    """Every rank: write the state of a train_gpt2.Run after its step (run.step) as log_dir/model_<step>.pt
-    (rank 0 writes; under FSDP all ranks gather) and delete all but the newest keep_checkpoints. Returns its
-    name for messages. A write that fails is a UserError on every rank."""
-    s, rt, model = run.s, run.rt, run.models.raw
-    model_state, optimizer_state = gather_state(model, run.optimizers)
-    name, error = f"model_{run.step:06d}.pt", None
-    if rt.master:  # the loader's position is the same on every rank
-        path = os.path.join(s.log_dir, name)
+def save_run(log_dir, model, optimizers, meta, rt, keep):
+    """Every rank: write a training run's state after step meta["step"] as log_dir/model_<step>.pt (rank 0
+    writes; under FSDP all ranks gather) and delete all but the newest `keep`. It holds the weights, the
+    optimizer states and the RNG, with meta: what else the run needs to continue (train_gpt2.py's
+    save(): settings, loader position, loss scale, clock). Returns its name for messages. A write
+    that fails is a UserError on every rank."""
+    model_state, optimizer_state = gather_state(model, optimizers)
+    name, error = f"model_{meta['step']:06d}.pt", None
+    if rt.master:
+        path = os.path.join(log_dir, name)
         cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
         try:
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
-                             "optimizer": optimizer_state, "step": run.step, "config": dataclasses.asdict(s),
-                             "world_size": rt.world_size, "dataloader": run.train_loader.state_dict(),
-                             "scaler": run.scaler.state_dict(), "elapsed": run.clock.elapsed(),
+                             "optimizer": optimizer_state, **meta,
                              "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
         except UserError as e:  # a failed write: every rank stops with its line
             error = str(e)
         else:
-            for old in checkpoints(s.log_dir)[:-s.keep_checkpoints]:
+            for old in checkpoints(log_dir)[:-keep]:
                 os.remove(old)
             print0(f"checkpoint: {path}")
     stop_everywhere(error, rt, rt.patient)  # the other ranks wait here for the write
-    return f"{name} (step {run.step})"
+    return f"{name} (step {meta['step']})"
 
 
 # ------------------------------------------------------------------------------------------------ resume
 
 class Resume:
-    """The run in log_dir to continue (settings.continue_run decides whether and how). meta: what every rank
+    """The run in log_dir to continue (continue_run decides whether and how). meta: what every rank
     needs of its newest checkpoint that verifies (read_newest); the weights and optimizer states stay on
     rank 0 (ckpt) until restore() broadcasts them. finished: nothing left to train or evaluate; unevaluated:
     its checkpoint was written, its evaluation failed."""
@@ -283,6 +295,110 @@ class Resume:
         loader.load_state_dict(self.meta["dataloader"])  # a UserError if the shards changed since
         self.ckpt = None  # its tensors are copied into the model and optimizer
         return self.step
+
+
+def continue_run(s, given, rt):
+    """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
+    built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
+    command again continues it, a fine-tune too): unless --init_from=scratch was given, or init_from names
+    other weights than those the run started from (both refused: they would start a second run whose
+    checkpoints rotation mixes with the first's). The settings keep the run's origin in init_from. Rank 0
+    reads the newest checkpoint that verifies and shares the verdict; a finished run, or a change of a FIXED
+    setting, ends the run. A run from weights (a fine-tune, a resume) has their shape."""
+    existing = checkpoints(s.log_dir)
+    if s.eval_only and existing:
+        raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
+    if s.init_from == "scratch" and existing and "init_from" in given:
+        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
+                        "or choose another --log_dir")
+    if not existing:
+        if s.init_from == "resume":
+            raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
+        if s.init_from != "scratch":  # the weights decide the shape; T within their positions
+            s = weights_shape(s, given, model_config(s.init_from), s.init_from)
+        return s, None
+    meta, ckpt = read_newest(s.log_dir, rt)
+    origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
+    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
+        raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
+                        f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
+    s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
+    if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
+        s = weights_shape(s, given, meta["model_config"], s.init_from)
+    s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
+    finished = meta["step"] >= s.max_steps
+    # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
+    unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
+    if finished and not unevaluated:
+        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
+               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        return s, Resume(meta, None, finished=True)
+    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
+           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
+    resume = Resume(meta, ckpt, unevaluated=unevaluated)
+    if note := schedule_change(s, resume):
+        print0(f"NOTE: {note}")
+    return s, resume
+
+
+def resume_settings(saved, s, saved_world, world_size, log_dir):
+    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
+    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
+    are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
+    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
+    if same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
+        now["data_root"] = saved["data_root"]
+    fixed = [k for k in FIXED if saved[k] != now[k]]
+    if fixed:
+        raise UserError(f"the run in {log_dir} has "
+                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
+                        + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
+                        "new one with --log_dir=NEW")
+    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}" for k, v in now.items()
+             if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
+    if saved_world != world_size:
+        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
+    return s, notes
+
+
+def same_path(a, b):
+    """Whether two spellings of a path name the same file or folder (./x and x; a link and its target)."""
+    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
+
+
+def weights_shape(s, given, config, origin):
+    """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
+    place of the settings block's: what ran is what the log records. A shape setting given on the command line
+    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
+    differ = [k for k in MODEL if k in given and given[k] != config[k]]
+    if differ:
+        why = " (--recipe sets them)" if "recipe" in given else ""
+        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
+                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
+    if s.T > config["block_size"]:
+        raise UserError(f"T={s.T}, but {origin} has {config['block_size']} positions (block_size): use "
+                        f"--T={config['block_size']} or less")
+    return dataclasses.replace(s, **{k: config[k] for k in MODEL})
+
+
+def schedule_change(s, resume):
+    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
+    min_lr_ratio or max_lr changed): what the next step's is on each."""
+    saved = {k: resume.meta["config"].get(k, {f.name: f.default for f in dataclasses.fields(s)}[k])
+             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
+    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
+    if not changed:
+        return None
+    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
+                (dataclasses.replace(s, **changed), s))
+    if math.isclose(was, now, rel_tol=0.01):
+        return None
+    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
+            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
+            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
 
 
 def read_newest(log_dir, rt):

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from engine import Engine
 from model import GPT, GPTConfig
 from runlog import metrics_path, read_log
 from runtime import autocast, synchronize
@@ -155,6 +156,7 @@ def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=4, n_embd=256)).to(rt.device)
     model.eval()
+    engine = Engine(model, compile)  # keeps its compiled decoders from call to call
     one = torch.randint(0, 50257, (1, 8), device=rt.device)
     prompts = {"3 prompts": torch.randint(0, 50257, (3, 8), device=rt.device),
                "3 samples of one prompt": one.expand(3, 8)}
@@ -163,8 +165,8 @@ def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_
     agreements = {}
     try:
         for name, idx in prompts.items():
-            fast = model.generate(idx, steps, top_k=1, compile=compile).tolist()
-            full = model.generate(idx, steps, top_k=1, use_cache=False)
+            fast = engine.generate(idx, steps, top_k=1).tolist()
+            full = engine.generate(idx, steps, top_k=1, use_cache=False)
             top2 = model(full[:, :-1])[0][:, 7:, :GPT2_VOCAB].float().topk(2, dim=-1).values
             compared, same = greedy_agreement(fast, full.tolist(), (top2[..., 0] - top2[..., 1]).tolist(), 8)
             agreements[name] = (compared, idx.size(0) * steps, same)
@@ -174,7 +176,7 @@ def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_
 
     def decoding(new, then=lambda out: None):
         with autocast(rt.device, "bf16"):
-            then(model.generate(idx, new, top_k=50, compile=compile))
+            then(engine.generate(idx, new, top_k=50))
     decoding(2)  # compiles and captures the bf16 step
     count_syncs(lambda: decoding(4))  # uncounted: a first replay syncs once more (seen on an H100)
     syncs = count_syncs(lambda: decoding(4)), count_syncs(lambda: decoding(32))

@@ -23,6 +23,7 @@ from tqdm import tqdm
 import runtime
 from documents import iter_jsonl
 from errors import UserError, check_range, command_line, first_line, main_guard
+from model import Packing
 from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
@@ -278,7 +279,7 @@ def evaluate(model, prepared, rt, progress=False):
         for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))) if compiled else ():
             torch._dynamo.maybe_mark_dynamic(t, dims)
         with autocast(device, rt.dtype):
-            logits, _ = model(tokens, pos=pos, attn_mask=attn_mask, select=select)  # (N, vocab_size)
+            logits, _ = model(tokens, packing=Packing(pos, attn_mask, select))  # (N, vocab_size)
         n = len(batch)
         if not n:  # this rank is done, but another still runs a (collective) forward
             continue

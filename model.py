@@ -1,13 +1,11 @@
-"""GPT-2 in one file: the model, multi-query / grouped-query attention, KV-cache decoding.
+"""GPT-2 in one file: the model, multi-query / grouped-query attention (generation: engine.py).
 
 Parameter names match Hugging Face's GPT2LMHeadModel (transformer.h.0.attn.c_attn.weight, ...), except
 that we use nn.Linear where HF uses Conv1D (hf_gpt2.py transposes those weights on the way in and out).
 """
-import copy
 import dataclasses
-import itertools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -71,34 +69,6 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
-class KVCache:
-    """Keys and values for decoding, allocated once at their full length: for each layer k[layer] and
-    v[layer] (B, n_kv_head, block_size, head_dim), in the dtype attention computes in (bf16 under autocast).
-    A forward with a cache writes its tokens' keys and values at their positions (GPT.forward's pos, a
-    device tensor) and attends over the whole cache with a mask, so every decode step has the same shapes:
-    one compiled graph, one CUDA graph, one attention plan, and no position read back to the host. A tensor
-    a layer, not one for all: compiled, each write then goes into its input in place (into one shared tensor,
-    Inductor's code copied every layer's slice and wrote the whole cache back, every step)."""
-
-    def __init__(self, config, batch_size, dtype=torch.float32, device="cpu"):
-        shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
-
-    def update(self, layer, k, v, pos):
-        """Store k, v (B, n_kv_head, T, hs) at positions pos (T,); return the layer's whole cache, (B,
-        n_kv_head, block_size, hs) each."""
-        self.k[layer][:, :, pos] = k  # index_put_: compiled, it writes into the cache in place
-        self.v[layer][:, :, pos] = v
-        return self.k[layer], self.v[layer]
-
-    def first_rows(self, n):
-        """A cache over the first n rows of this one (views: writing one writes the other)."""
-        rows = copy.copy(self)
-        rows.k, rows.v = [k[:n] for k in self.k], [v[:n] for v in self.v]
-        return rows
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
@@ -109,7 +79,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.n_kv_head * config.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x, cache=None, attn_mask=None, rope=None, pos=None):
+    def forward(self, x, cache=None, attn_mask=None, rope=None):
         B, T, C = x.size()
         kv_dim = self.n_kv_head * self.head_dim
         q, k, v = self.c_attn(x).split([C, kv_dim, kv_dim], dim=2)
@@ -125,7 +95,7 @@ class CausalSelfAttention(nn.Module):
         if attn_mask is not None:  # packed sequences, or a cache: which keys each token sees
             mask, causal = attn_mask[:, None], False  # (B or 1, 1, T, S)
         if cache is not None:
-            k, v = cache.update(self.layer, k, v, pos)  # (B, n_kv, block_size, hs): the whole cache
+            k, v = cache.update(self.layer, k, v)  # (B, n_kv, block_size, hs): the whole cache
         # flash attention on GPU; enable_gqa: each K/V head serves n_head / n_kv_head query heads
         if self.flash:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
@@ -202,14 +172,14 @@ class Block(nn.Module):
         self.ln_2 = RMSNorm() if config.rmsnorm else LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, cache=None, recompute=False, attn_mask=None, rope=None, pos=None):
+    def forward(self, x, cache=None, recompute=False, attn_mask=None, rope=None):
         if recompute:  # keep only x; run the block again in backward: activation memory for ~1/3 more compute
             return checkpoint(self.residual, x, None, attn_mask, rope, use_reentrant=False)
-        return self.residual(x, cache, attn_mask, rope, pos)
+        return self.residual(x, cache, attn_mask, rope)
 
-    def residual(self, x, cache=None, attn_mask=None, rope=None, pos=None):
+    def residual(self, x, cache=None, attn_mask=None, rope=None):
         # pre-LayerNorm: the residual stream itself is never normalised
-        x = x + self.attn(self.ln_1(x), cache, attn_mask, rope, pos)
+        x = x + self.attn(self.ln_1(x), cache, attn_mask, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -251,82 +221,14 @@ class ChunkedHeadLoss(torch.autograd.Function):
         return grad_x * grad, grad_w * grad, None, None
 
 
-def pick(logits, temperature, top_k, generator=None):
-    """The next token of each row from logits (B, >= 50257), on the device, no host sync: (B,). top_k=1 is
-    greedy (argmax). Otherwise softmax(logits / temperature) over the top_k likeliest, drawn by the
-    exponential race: argmax(p / E) with E ~ Exp(1) is i with probability p_i, as multinomial would be,
-    without its host-side checks."""
-    logits = logits[:, :GPT2_VOCAB].float()  # (B, V): padded ids never drawn
-    if top_k == 1:
-        return logits.argmax(-1)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
-
-
-def last_positions(B, T, device):
-    """(B,) the flat positions (b * T + T - 1) of each row's last token: forward's select, the head there."""
-    return torch.arange(B, device=device) * T + T - 1
-
-
-def weight_storage(model):
-    """Where each parameter and buffer lives: a CUDA graph replays reads of these addresses, so weights
-    replaced rather than updated in place (load_state_dict(assign=True), .to(), .half()) need a new one."""
-    return [t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers())]
-
-
-class Decoder:
-    """Cached decoding of one batch size: its KVCache, and the decode step's input token and position as
-    device tensors that each step overwrites. compile: the step (GPT.decode) through torch.compile with
-    fixed shapes (compiled once: nothing about a step changes its graph) and, on CUDA, captured once as a
-    CUDA graph and replayed: one launch instead of ~200, each step's input copied into the graph's own."""
-
-    def __init__(self, model, batch, dtype, device, compile):
-        self.model, self.graph = model, None
-        self.cache = KVCache(model.config, batch, dtype, device)
-        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # (B, 1)
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
-        self.fn = torch.compile(model.decode, fullgraph=True, dynamic=False) if compile else model.decode
-        self.graphed = compile and torch.device(device).type == "cuda"
-        self.storage = weight_storage(model)  # what a captured graph reads: it must not move (GPT.decoder)
-
-    def prefill(self, idx):
-        """Run the prompt idx (B, T) into the cache: the logits of the token after it, (B, vocab_size).
-        Rows that are all the same prompt run once and their keys and values are copied to every row."""
-        B, T = idx.size()
-        same = B > 1 and torch.equal(idx, idx[:1].expand_as(idx))  # one host sync, before any decoding
-        rows = 1 if same else B
-        pos = torch.arange(T, device=idx.device)
-        logits, _ = self.model(idx[:rows], cache=self.cache.first_rows(rows), pos=pos,
-                               select=last_positions(rows, T, idx.device))
-        if same:
-            for buf in self.cache.k + self.cache.v:  # (B, n_kv, block_size, hs) each
-                buf[1:, :, :T] = buf[:1, :, :T]
-            logits = logits.expand(B, -1)
-        return logits
-
-    def step(self, tok, pos):
-        """The logits (B, vocab_size) of the token after tok (B, 1) at position pos (an int: a fill on the
-        device, not a copy from the host)."""
-        self.tok.copy_(tok)
-        self.pos.fill_(pos)
-        if not self.graphed:
-            return self.fn(self.tok, self.pos, self.cache)
-        if self.graph is None:  # compile (the warm-up calls, on a side stream as capture needs), then capture
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # they write this step's keys and values, which the replay rewrites
-                    self.fn(self.tok, self.pos, self.cache)
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self.fn(self.tok, self.pos, self.cache)  # its output: rewritten by each replay
-        self.graph.replay()
-        return self.logits
+class Packing(NamedTuple):
+    """How the tokens of a forward's idx (B, T) sit, where it is not one sequence a row from position 0:
+    several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) give each token's
+    position pos (B, T) and which tokens each attends to, attn_mask (B, T, T); select (N,) keeps only those
+    flat positions (b * T + t) for the head: logits (N, vocab_size), targets (N,)."""
+    pos: Optional[torch.Tensor] = None  # None: 0..T-1
+    attn_mask: Optional[torch.Tensor] = None  # None: causal
+    select: Optional[torch.Tensor] = None  # None: every position
 
 
 class GPT(nn.Module):
@@ -371,27 +273,24 @@ class GPT(nn.Module):
                      if name == "wpe" or (name == "wte" and self.config.untied_head))
         return n
 
-    def forward(self, idx, targets=None, cache=None, reduction="mean", pos=None, attn_mask=None,
-                select=None, chunked=False):
+    def forward(self, idx, targets=None, reduction="mean", cache=None, packing=None):
         """idx (B, T) token ids -> (logits (B, T, vocab_size), None), or given targets (B, T) (None, the mean
-        cross-entropy) (targets of -1 are ignored; no logits are kept: the step never uses them, and under
-        torch.compile a returned (B*T, vocab_size) tensor would live through backward), or with
-        reduction="none" (None, each token's, (B*T,)).
-        With a KVCache, idx holds the tokens at positions pos (T,) (a device tensor): their keys and values
-        are written there and each token attends to the cached positions up to its own (see KVCache).
-        Several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) pass pos
-        (B, T), each token's position, and attn_mask (B, T, T), which tokens each token attends to. select
-        (N,) keeps only those flat positions (b * T + t) for the head: logits (N, vocab_size), targets
-        (N,). chunked=True (with targets): the mean loss by ChunkedHeadLoss, which also computes its
-        gradients in the forward. train_gpt2.py trains that way on a CPU."""
+        cross-entropy; targets of -1 are ignored), or with reduction="none" (None, each token's, (B*T,)).
+        Given targets no logits are kept: under torch.compile a returned (B*T, vocab_size) tensor would live
+        through backward. A CPU training step takes ChunkedHeadLoss (see head).
+        cache (engine.KVCache): idx holds the tokens at positions cache.pos (T,); their keys and values are
+        written there, each token attends to the cached positions up to its own, and the logits are those
+        of each row's last token, (B, vocab_size).
+        packing (Packing): several sequences in each row, each token's position and what it attends to, and
+        the positions the head scores (hellaswag.py)."""
         B, T = idx.size()
+        pos, attn_mask, select = packing or Packing()
         if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop "
                              f"the input to the last {self.config.block_size} tokens or use a larger "
                              "block_size")
         if cache is not None:  # query t sees the cached keys at positions <= pos[t]
-            assert pos is not None and pos.dim() == 1, "a forward with a KVCache takes pos (T,)"
-            keys = torch.arange(self.config.block_size, device=idx.device)
+            pos, keys = cache.pos, torch.arange(self.config.block_size, device=idx.device)
             attn_mask = (keys <= pos[:, None])[None]  # (1, T, block_size)
         if pos is None:
             pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
@@ -399,8 +298,10 @@ class GPT(nn.Module):
         rope = self.rotary(pos) if self.config.rotary else None
         recompute = self.config.grad_checkpoint and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x, cache, recompute, attn_mask, rope, pos)
-        return self.head(x, targets, reduction, select, chunked)
+            x = block(x, cache, recompute, attn_mask, rope)
+        if cache is not None:
+            x = x[:, -1]  # (B, C): decoding needs the next token's logits only
+        return self.head(x, targets, reduction, select)
 
     def embed(self, idx, pos):
         """Token (normalized with embed_norm) plus position embeddings of idx (B, T) at positions pos, (T,) or
@@ -417,16 +318,18 @@ class GPT(nn.Module):
         angles = angles[None, None] if pos.dim() == 1 else angles[:, None]
         return angles.cos(), angles.sin()
 
-    def head(self, x, targets=None, reduction="mean", select=None, chunked=False):
+    def head(self, x, targets=None, reduction="mean", select=None):
         """The final LayerNorm, the logits (B, T, vocab_size), or (N, vocab_size) at the flat positions
-        select, and, given targets, the cross-entropy (chunked: see forward)."""
+        select, and, given targets, the cross-entropy."""
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
         x = self.transformer.ln_f(x)
-        if chunked:
-            assert targets is not None and reduction == "mean", "chunked: the mean loss over targets"
-            if getattr(self, "scratch", None) is None or self.scratch.device != x.device:  # kept: see there
-                self.scratch = torch.empty(ChunkedHeadLoss.CHUNK, self.config.vocab_size, device=x.device)
+        # a CPU's eager training step: the loss and its gradients in chunks, no logits (ChunkedHeadLoss says
+        # why); compiled code (which fuses the plain way) and GPUs take the plain path
+        if (targets is not None and reduction == "mean" and x.device.type == "cpu" and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling()):
+            if getattr(self, "scratch", None) is None:  # kept from step to step: see ChunkedHeadLoss
+                self.scratch = torch.empty(ChunkedHeadLoss.CHUNK, self.config.vocab_size)
             return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
                                                targets.view(-1), self.scratch)
         logits = self.lm_head(x)  # (B, T, vocab_size)
@@ -445,64 +348,3 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.forward = torch.compile(block.forward)
         self.head = torch.compile(self.head)
-
-    # ----------------------------------------------------------------------------------------------------
-    # sampling
-
-    def decode(self, idx, pos, cache):
-        """One step of cached decoding: the logits (B, vocab_size) of the token after idx (B, 1) at position
-        pos (1,). The same shapes at every step: compiled once, replayed as a CUDA graph (Decoder)."""
-        return self(idx, cache=cache, pos=pos)[0][:, -1]
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
-                 compile=False):
-        """Append max_new_tokens sampled tokens to idx (B, T) and return it (B, T + max_new_tokens).
-
-        With use_cache the prompt runs once (once for all rows when they are the same prompt, as for N
-        samples of one), the head at its last position only, and each new token is one decode step over the
-        preallocated KVCache; otherwise every token recomputes the whole sequence. Sampling stays on the
-        device: no host sync until the caller reads the result (top_k=1 is argmax; otherwise a draw from
-        softmax(logits / temperature) over the top_k, by the exponential race, which multinomial is but for
-        its checks). Past block_size the context is cropped to the last block_size tokens (as in nanoGPT) and
-        each further token costs a full forward either way (learned positions cannot shift). Ids >= 50257
-        (vocab padding) are never sampled, so every output decodes with the GPT-2 tokenizer.
-        compile: the decode step through torch.compile, compiled once per batch size and kept (a Decoder on
-        the model), and on CUDA captured as a CUDA graph and replayed: ~200 kernel launches a token become
-        one. It costs a compile (tens of seconds) the first time: for many tokens, not for a few."""
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be > 0 (use top_k=1 for greedy decoding)")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1 or None")
-        B, T = idx.size()
-        if T == 0:
-            raise ValueError("generate needs a prompt of at least one token a row (to start a new document, "
-                             "<|endoftext|>: 50256)")
-        block_size = self.config.block_size
-        out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
-        out[:, :T] = idx
-        decoder = self.decoder(B, idx.device, compile) if use_cache and T <= block_size else None
-        for t in range(T, T + max_new_tokens):  # t: the length so far, the position of the token drawn
-            if decoder is not None and t == T:  # the prompt
-                logits = decoder.prefill(idx)
-            elif decoder is not None and t <= block_size:  # one token at position t - 1
-                logits = decoder.step(out[:, t - 1:t], t - 1)
-            else:  # recompute, the context cropped to block_size
-                x = out[:, max(0, t - block_size):t]
-                logits, _ = self(x, select=last_positions(B, x.size(1), x.device))  # (B, vocab_size)
-            out[:, t] = pick(logits, temperature, top_k, generator)
-        return out
-
-    def decoder(self, batch, device, compile):
-        """The Decoder for this batch size, device and compute dtype (autocast's, else the weights'); with
-        compile, made at its first use and kept: a compiled step and its CUDA graph are made once."""
-        kind = torch.device(device).type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
-            self.lm_head.weight.dtype
-        if not compile:  # nothing to keep but memory: made anew each time
-            return Decoder(self, batch, dtype, device, compile)
-        decoders = self.__dict__.setdefault("decoders", {})  # not a module attribute: no state_dict entry
-        key = (batch, str(device), dtype)
-        if key not in decoders or decoders[key].storage != weight_storage(self):  # weights moved: made anew
-            decoders[key] = Decoder(self, batch, dtype, device, compile)
-        return decoders[key]

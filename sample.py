@@ -13,33 +13,34 @@ import torch
 
 import runtime
 from checkpoint import checkpoints, load_model
+from engine import Engine
 from errors import UserError, check_range, command_line, main_guard
 from runtime import autocast, synchronize
 from tokenizer import get_encoding
 
 
 @torch.no_grad()
-def sample(model, prompt, num_samples, max_new_tokens, temperature, top_k, seed, rt, compile=False):
+def sample(engine, prompt, num_samples, max_new_tokens, temperature, top_k, seed, rt):
     """(texts, tokens/s, warm-up seconds): num_samples continuations of prompt in one batch (one prefill for
     all, then the KV-cache), from a generator seeded with seed (the same tokens on every rank; the global RNG
-    is untouched). compile: the decode step compiled (and on CUDA a CUDA graph), by a warm-up call first whose
-    time is reported apart from tokens/s. Without it decoding runs eagerly, also where the model's regions
-    are compiled (the training run's few short samples: compiling would cost more than it saves)."""
+    is untouched). An engine.compile's decode step is compiled by a warm-up call first, timed apart from
+    tokens/s. Without it decoding runs eagerly, also where the model's regions are compiled (the training
+    run's few short samples: compiling would cost more than it saves)."""
     enc = get_encoding()
     ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
     idx = torch.tensor([ids] * num_samples, device=rt.device)
     warm_up = 0.0
-    with autocast(rt.device, rt.dtype), torch.compiler.set_stance("default" if compile else "force_eager"):
-        if compile:  # compile, capture, the prompt's attention plan: once, on a generator of its own
+    stance = "default" if engine.compile else "force_eager"
+    with autocast(rt.device, rt.dtype), torch.compiler.set_stance(stance):
+        if engine.compile:  # compile, capture, the prompt's attention plan: once, on a generator of its own
             t0 = time.time()
-            model.generate(idx, min(2, max_new_tokens), temperature=temperature, top_k=top_k, compile=True,
-                           generator=torch.Generator(rt.device).manual_seed(seed))
+            engine.generate(idx, min(2, max_new_tokens), temperature=temperature, top_k=top_k,
+                            generator=torch.Generator(rt.device).manual_seed(seed))
             synchronize(rt.device)
             warm_up = time.time() - t0
         gen = torch.Generator(rt.device).manual_seed(seed)
         t0 = time.time()
-        out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
-                             compile=compile)
+        out = engine.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
         out = out.tolist()  # waits for the device
     tok_s = num_samples * max_new_tokens / (time.time() - t0)
     return [enc.decode(row) for row in out], tok_s, warm_up
@@ -83,8 +84,8 @@ def main():
         compile = False
     # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
     model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
-    texts, tok_s, warm_up = sample(model, prompt, args.num_samples, args.max_new_tokens, args.temperature,
-                                   args.top_k or None, args.seed, rt, compile)
+    texts, tok_s, warm_up = sample(Engine(model, compile), prompt, args.num_samples, args.max_new_tokens,
+                                   args.temperature, args.top_k or None, args.seed, rt)
     for text in texts:
         print(text)
         print("-" * 80)

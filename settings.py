@@ -1,8 +1,9 @@
 """A training run's settings, resolved once at start-up, before any model is built: the settings block at the
 top of train_gpt2.py (where users edit them), then the command line (--name=value), the size and recipe
-presets, the fallbacks without data or a GPU, the checks, the run in log_dir to continue (what a resume may
-change) and the shape of the weights it starts from, and the micro-batch that fits the GPU. The result is one
-frozen Settings, holding the device and dtype that run (no "auto" left), which the log records as it ran.
+presets, the fallbacks without data or a GPU, the checks (resolve); once the run to continue is known
+(checkpoint.continue_run), the micro-batch that fits the GPU (fit). The result is one frozen Settings, holding
+the device and dtype that run (no "auto" left), which the log records as it ran. Nothing here starts a
+process group or locks a folder: train_gpt2.py's main() does, in plain sight.
 
 A setting that cannot work is a UserError naming it and the fix; one that works but is likely a mistake, or
 that a fallback changed, is a NOTE printed as it is decided.
@@ -10,19 +11,16 @@ that a fallback changed, is a NOTE printed as it is decided.
 import ast
 import dataclasses
 import difflib
-import math
 import os
 
 import torch
 
 import runtime
 from accounting import count_params, training_memory
-from checkpoint import Resume, checkpoints, model_config, read_newest, space_note
+from checkpoint import MODEL, resume_settings, space_note
 from dataloader import missing_data_root, split_rows
 from errors import UserError, check_range, valid_range
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
-from optimizers import get_lr
-from runlog import hold_log_dir
 from runtime import print0
 from trackers import TRACKERS
 
@@ -50,16 +48,6 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
                                           "seed", "eval_B")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
-# the settings that a model's weights decide
-MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
-# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
-# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
-# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
-SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
-STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
-FIXED = SHAPE + STREAM + ("optimizer",)
-# what a checkpoint written before a setting existed ran with
-BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
 KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
 
 
@@ -76,43 +64,44 @@ def defaults(Settings):
 # ------------------------------------------------------------------------------------------------------------
 # the whole resolution, in order
 
-def resolve(Settings, argv, script):
-    """(settings, runtime, resume, notes) of a run of `script` (train_gpt2.py, whose settings block made
-    Settings) with the command line argv. In order: the overrides; the process group, this rank's GPU, TF32
-    and the dtype (runtime.setup); the presets, fallbacks and checks (combine); this run's hold on log_dir;
-    the run in it to continue, if any (resume: a checkpoint.Resume, whose `finished` says there is nothing to
-    do); the shape of the weights a fine-tune starts from; the micro-batch that fits the GPU, the disk's room
-    and the validation split's size. Each NOTE is printed as it is decided and returned for the log."""
-    given = parse_overrides(argv, Settings, script)  # a misspelt name or a value of the wrong type stops here
+def runtime_options(Settings, given):
+    """runtime.setup's arguments from the settings block and the command line's overrides (given): the device,
+    the dtype and the collective timeout, which setting up the processes needs before anything else."""
     asked = {**defaults(Settings), **given}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
-    rt = runtime.setup(asked["device"], asked["dtype"], asked["collective_timeout"])
+    return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
+
+
+def resolve(Settings, given, rt):
+    """(settings, given, notes): the settings block, then the command line's overrides (given), the presets,
+    the fallbacks and every check (combine), for this runtime; given with what a preset set. Each NOTE (the
+    runtime's first) is printed and returned for the log."""
     s, given, notes = combine(Settings, given, rt)
     notes = rt.notes + notes
     for note in notes:
         print0(f"NOTE: {note}")
-    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
-    s, resume = continue_run(s, given, rt)  # None, or the run in log_dir to continue
-    if resume is not None and resume.finished:
-        return s, rt, resume, notes
-    if resume is None and s.init_from != "scratch":  # the weights decide the shape; T within their positions
-        s = weights_shape(s, given, model_config(s.init_from), s.init_from)
-    if resume is not None and (note := schedule_change(s, resume)):
-        print0(f"NOTE: {note}")
-    s, memory_notes = fit_memory(s, given, rt)  # a B the GPU holds, found before minutes of compiling
+    return s, given, notes
+
+
+def fit(s, given, rt, resume):
+    """(settings, notes) once the run to continue (resume, or None) and the weights' shape are known: the
+    micro-batch that fits the GPU, the disk's room for checkpoints and the validation split's size, then
+    what a resume changes (after the fits: a setting start-up lowers again, B or val_tokens, is no change)
+    and a warm-up that outlasts the run. Each NOTE is printed and returned for the log."""
+    s, notes = fit_memory(s, given, rt)  # a B the GPU holds, found before minutes of compiling
     if not s.eval_only:
-        memory_notes += space_note(s.log_dir, count_params(model_shape(s)))
+        notes += space_note(s.log_dir, count_params(model_shape(s)))
     s, val_notes = one_validation_pass(s)
-    if resume is not None:  # after the fits: a setting start-up lowers again (B, val_tokens) is no change
-        val_notes += resume_settings(resume.meta["config"], s, resume.meta["world_size"], rt.world_size,
-                                     s.log_dir)[1]
+    notes += val_notes
+    if resume is not None:
+        notes += resume_settings(resume.meta["config"], s, resume.meta["world_size"], rt.world_size,
+                                 s.log_dir)[1]
     if not s.eval_only and s.warmup_steps >= s.max_steps:
-        val_notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate "
-                         f"climbs for the whole run and never reaches max_lr={s.max_lr:g} (lower "
-                         "--warmup_steps)")
-    for note in memory_notes + val_notes:
+        notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
+                     f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")
+    for note in notes:
         print0(f"NOTE: {note}")
-    return s, rt, resume, notes + memory_notes + val_notes
+    return s, notes
 
 
 def model_shape(s):
@@ -302,107 +291,6 @@ def micro_batches(total_batch_size, T, world_size):
     first."""
     rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
     return [b for b in range(rows, 0, -1) if rows % b == 0]
-
-
-# ------------------------------------------------------------------------------------------------------------
-# the run in log_dir, and the weights' shape
-
-def continue_run(s, given, rt):
-    """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
-    built. A log_dir with checkpoints is continued (the same command again continues it, a fine-tune too):
-    unless --init_from=scratch was given, or init_from names other weights than those the run started from
-    (both refused: they would start a second run whose checkpoints rotation mixes with the first's). The
-    settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint that verifies and shares
-    the verdict; a finished run, or a change of a FIXED setting, ends the run."""
-    existing = checkpoints(s.log_dir)
-    if s.eval_only and existing:
-        raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
-                        "its own (--log_dir=NEW)")
-    if s.init_from == "scratch" and existing and "init_from" in given:
-        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
-                        "or choose another --log_dir")
-    if not existing:
-        if s.init_from == "resume":
-            raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
-        return s, None
-    meta, ckpt = read_newest(s.log_dir, rt)
-    origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
-    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
-        raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
-                        f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
-    s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
-    if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
-        s = weights_shape(s, given, meta["model_config"], s.init_from)
-    s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
-    finished = meta["step"] >= s.max_steps
-    # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
-    unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
-    if finished and not unevaluated:
-        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
-               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
-        return s, Resume(meta, None, finished=True)
-    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
-           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
-    return s, Resume(meta, ckpt, unevaluated=unevaluated)
-
-
-def resume_settings(saved, s, saved_world, world_size, log_dir):
-    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
-    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
-    are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
-    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
-    if same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
-        now["data_root"] = saved["data_root"]
-    fixed = [k for k in FIXED if saved[k] != now[k]]
-    if fixed:
-        raise UserError(f"the run in {log_dir} has "
-                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
-                        + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
-                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
-                        "new one with --log_dir=NEW")
-    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}" for k, v in now.items()
-             if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
-    if saved_world != world_size:
-        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
-    return s, notes
-
-
-def same_path(a, b):
-    """Whether two spellings of a path name the same file or folder (./x and x; a link and its target)."""
-    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
-
-
-def weights_shape(s, given, config, origin):
-    """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
-    place of the settings block's: what ran is what the log records. A shape setting given on the command line
-    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
-    differ = [k for k in MODEL if k in given and given[k] != config[k]]
-    if differ:
-        why = " (--recipe sets them)" if "recipe" in given else ""
-        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
-                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
-                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
-    if s.T > config["block_size"]:
-        raise UserError(f"T={s.T}, but {origin} has {config['block_size']} positions (block_size): use "
-                        f"--T={config['block_size']} or less")
-    return dataclasses.replace(s, **{k: config[k] for k in MODEL})
-
-
-def schedule_change(s, resume):
-    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
-    min_lr_ratio or max_lr changed): what the next step's is on each."""
-    saved = {k: resume.meta["config"].get(k, defaults(type(s))[k])
-             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
-    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
-    if not changed:
-        return None
-    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
-                (dataclasses.replace(s, **changed), s))
-    if math.isclose(was, now, rel_tol=0.01):
-        return None
-    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
-            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
-            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,8 +26,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import runtime
 import settings
 from accounting import Clock, duration, mfu, peak_flops
-from checkpoint import load_model, remove_stale_writes, save_run
+from checkpoint import continue_run, load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
+from engine import Engine
 from errors import RankError, UserError, main_guard
 from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
 from model import GPT, GPTConfig
@@ -103,20 +104,24 @@ SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samp
 def main(argv=None):
     """Train (or with eval_only, evaluate) as the settings block and argv (default: the command line) say;
     returns the process's exit status."""
-    # -------------------------------------- processes, device, settings (and the run in log_dir to continue)
-    s, rt, resume, notes = settings.resolve(Settings, sys.argv[1:] if argv is None else argv, __file__)
+    # ------------------------------------ processes, device, settings, and the run in log_dir to continue
+    given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
+    rt = runtime.setup(**settings.runtime_options(Settings, given))  # process group, this rank's GPU, dtype
+    s, given, notes = settings.resolve(Settings, given, rt)  # presets, fallbacks, every check
+    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
+    s, resume = continue_run(s, given, rt)  # None, or the run in log_dir; the weights' shape
     if resume is not None and resume.finished:  # and evaluated
         return 0
+    s, fitted = settings.fit(s, given, rt, resume)  # the micro-batch the GPU holds, the disk, the val split
 
     # ---------------------------------------------------------- model, data, optimizers, log: decided once
-    run = start_run(s, rt, resume, notes)
+    run = start_run(s, rt, resume, notes + fitted)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         with run.log:
             evaluate(run)
         return 0
     if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
         evaluate_or_stop(run, run.last_checkpoint)
-    train_step = make_train_step(run.models, run.optimizers, run.scaler, rt, s.grad_clip)
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
 
     # ---------------------------------------------------------------------------------------- training loop
@@ -126,8 +131,9 @@ def main(argv=None):
             runtime.reset_peak_memory(rt.device)  # this step's peak, not the run's (evaluations differ)
             lr = set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
             scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
-            loss, norm, skipped = train_step([run.train_loader.next_batch() for _ in range(run.accum_steps)])
-            if not skipped and not (math.isfinite(loss) and math.isfinite(norm)):  # stopped before its update
+            batches = [run.train_loader.next_batch() for _ in range(run.accum_steps)]
+            loss, norm, update = train_step(batches, run.models, run.optimizers, run.scaler, rt, s.grad_clip)
+            if update == "diverged":  # stopped before its update
                 return diverged(run, loss, norm)
             synchronize(rt.device)  # wait for the GPU before reading the clock
             dt = time.time() - t0
@@ -141,10 +147,11 @@ def main(argv=None):
                    + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
                    + ("" if mem is None else f" | peak memory {mem / 2**30:.2f} GiB")
                    + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
-                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if skipped else ""))
+                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if update == "skipped"
+                      else ""))
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
-            record |= {"loss_scale": scale, "skipped": skipped} if scale else {}
+            record |= {"loss_scale": scale, "skipped": update == "skipped"} if scale else {}
             error = run.log.append([record])
             stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
             if error:
@@ -152,7 +159,7 @@ def main(argv=None):
             last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
-                run.last_checkpoint = save_run(run)
+                run.last_checkpoint = save(run)
             if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
                 evaluate_or_stop(run, run.last_checkpoint if saved else None)
             run.clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
@@ -174,13 +181,12 @@ class Models(NamedTuple):
     raw: GPT  # the weights: what checkpoints hold and samples come from
     train_model: torch.nn.Module  # the training step's: compiled, in DDP or sharded (FSDP)
     eval_model: torch.nn.Module  # evaluation's: compiled, never in DDP
-    grad_sync: Callable  # grad_sync(last): the context of a micro-step (DDP: gradients cross on the last)
     compiled: bool
 
 
 @dataclasses.dataclass
 class Run:
-    """A training run's state: the loop, evaluate() and checkpoint.save_run read it."""
+    """A training run's state: what the loop, evaluate() and save() read."""
     s: Settings  # resolved once (settings.resolve)
     rt: Runtime
     models: Models
@@ -258,17 +264,9 @@ def load_data(s, rt):
 
 
 def wrap_model(raw_model, s, rt):
-    """Models: how this rank runs the model, decided once.
-
-    DDP: every rank holds the whole model; gradients are all-reduced in buckets during backward. It goes
-    inside torch.compile, so the graph is split at the buckets and each all-reduce overlaps the backward.
-    Evaluation runs each rank's own batches through the model without DDP. grad_sync(last) is the context a
-    micro-step runs in: gradients cross ranks only on the last one.
-    FSDP2: each Block, then the root (wte = lm_head, wpe, ln_f: the tying survives) is sharded over the
-    ranks, so each keeps 1/world of the parameters, gradients and AdamW states; every rank must then run every
-    forward, evaluation included. Gradients are reduce-scattered at every micro-step: accumulating them
-    unsharded would hold a whole fp32 copy of them on every rank (1558M: 6.2 GB) to save communication that
-    overlaps the backward anyway. torch.compile goes region by region (GPT.compile_regions)."""
+    """Models: how this rank runs the model. DDP goes inside torch.compile (each bucket's all-reduce overlaps
+    the backward); evaluation runs without it. FSDP2 shards each Block, then the root (the tying survives):
+    every rank must run every forward, and torch.compile goes region by region (GPT.compile_regions)."""
     if s.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast
@@ -282,7 +280,7 @@ def wrap_model(raw_model, s, rt):
         fully_shard(raw_model)  # in place: raw_model is now the sharded model
         if s.compile:
             raw_model.compile_regions()
-        return Models(raw_model, raw_model, raw_model, lambda last: contextlib.nullcontext(), s.compile)
+        return Models(raw_model, raw_model, raw_model, s.compile)
     maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
@@ -290,10 +288,9 @@ def wrap_model(raw_model, s, rt):
         # unless it may trace it (a recent setting: where a torch lacks it, the warning stays)
         if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
             torch._dynamo.config.capture_profiler_record_function = True
-        return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model),
-                      lambda last: contextlib.nullcontext() if last else ddp_model.no_sync(), s.compile)
+        return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model), s.compile)
     model = maybe_compile(raw_model)
-    return Models(raw_model, model, model, lambda last: contextlib.nullcontext(), s.compile)
+    return Models(raw_model, model, model, s.compile)
 
 
 def log_start(run, notes):
@@ -334,49 +331,60 @@ def log_start(run, notes):
 # ------------------------------------------------------------------------------------------------------------
 # the training step (bench.py times this same step)
 
-def make_train_step(models, optimizers, scaler, rt, grad_clip):
-    """The training step: step(batches) runs forward and backward on each micro-batch (x, y) of the list
-    (gradients cross ranks on the last only), averages the loss over the ranks, unscales (fp16) and clips the
-    gradients, and updates the weights, unless the loss or the gradient norm is not finite (a diverged run;
-    under fp16 an overflow, which the scaler skips). Returns (loss, gradient norm, skipped) as floats: one
-    CPU-GPU sync point."""
-    params = list(models.raw.parameters())
-    # a CPU trains eagerly through model.ChunkedHeadLoss (no logits: see there); compiled code, or a GPU,
-    # takes the plain path
-    chunked = rt.kind == "cpu" and not models.compiled
-
-    def step(batches):
+def train_step(batches, models, optimizers, scaler, rt, grad_clip):
+    """One optimizer step over batches, a list of micro-batches (x, y): forward and backward on each (the
+    gradients cross ranks on the last), the loss averaged over the ranks, the gradients unscaled (fp16) and
+    clipped, the weights updated. Returns (loss, gradient norm, update) with update "applied", "skipped"
+    (fp16: the gradients overflowed under the loss scale, which the scaler lowers) or "diverged" (a
+    non-finite loss or norm: no update at all). One CPU-GPU sync point."""
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    loss_accum = torch.zeros((), device=rt.device)
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+        with sync_gradients(models.train_model, last=i == len(batches) - 1):
+            with autocast(rt.device, rt.dtype):
+                _, loss = models.train_model(x, y)
+            loss = loss / len(batches)  # the mean over the whole batch, not a sum of means
+            loss_accum += loss.detach()
+            scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
+    if rt.distributed:
+        dist.all_reduce(loss_accum)
+        loss_accum /= rt.world_size
+    with torch.profiler.record_function("optimizer"):  # a label for bench.py's profile
         for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss_accum = torch.zeros((), device=rt.device)
-        for i, (x, y) in enumerate(batches):
-            x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-            with models.grad_sync(i == len(batches) - 1):
-                with autocast(rt.device, rt.dtype):
-                    _, loss = models.train_model(x, y, chunked=chunked)
-                loss = loss / len(batches)  # the mean over the whole batch, not a sum of means
-                loss_accum += loss.detach()
-                scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
-        if rt.distributed:
-            dist.all_reduce(loss_accum)
-            loss_accum /= rt.world_size
-        with torch.profiler.record_function("optimizer"):  # a label for bench.py's profile
+            scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
+        norm = torch.nn.utils.clip_grad_norm_(models.raw.parameters(), grad_clip)  # FSDP: every rank
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
+        loss, norm = loss_accum.item(), norm.item()  # CPU-GPU sync point
+        if math.isfinite(loss) and math.isfinite(norm):
+            update = "applied"
             for opt in optimizers:
-                scaler.unscale_(opt)  # fp16: clip the true gradients, not the scaled ones
-            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)  # FSDP: every rank
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a replicated DTensor
-            loss, norm = loss_accum.item(), norm.item()  # CPU-GPU sync point
-            # fp16: gradients that overflowed under the loss scale are the scaler's (it skips the update and
-            # lowers the scale); otherwise a non-finite loss or norm is a diverged run: no update at all
-            finite = math.isfinite(loss) and math.isfinite(norm)
-            skipped = scaler.is_enabled() and math.isfinite(loss) and not finite
-            if finite:
-                for opt in optimizers:
-                    scaler.step(opt)
-            if finite or skipped:
-                scaler.update()  # fp16: lowers the scale after an overflow
-        return loss, norm, skipped
-    return step
+                scaler.step(opt)
+        elif scaler.is_enabled() and math.isfinite(loss):  # fp16: the scaler's overflow, not a divergence
+            update = "skipped"
+        else:
+            return loss, norm, "diverged"
+        scaler.update()  # fp16: lowers the scale after an overflow
+    return loss, norm, update
+
+
+def sync_gradients(model, last):
+    """The context of a micro-step: under DDP the gradients cross ranks in the last micro-step's backward
+    only (no_sync before it). FSDP reduce-scatters them every micro-step: accumulating them unsharded would
+    hold a whole fp32 copy on every rank (1558M: 6.2 GB) to save communication that overlaps anyway."""
+    ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper holds the DDP module
+    return ddp.no_sync() if isinstance(ddp, DDP) and not last else contextlib.nullcontext()
+
+
+def save(run):
+    """Every rank: the run's state after run.step in log_dir (checkpoint.save_run); its name for messages.
+    The loader's position is the same on every rank."""
+    s, rt = run.s, run.rt
+    meta = {"step": run.step, "config": dataclasses.asdict(s), "world_size": rt.world_size,
+            "dataloader": run.train_loader.state_dict(), "scaler": run.scaler.state_dict(),
+            "elapsed": run.clock.elapsed()}
+    return save_run(s.log_dir, run.models.raw, run.optimizers, meta, rt, s.keep_checkpoints)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -510,7 +518,7 @@ def evaluate(run):
         records.append({"step": run.step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                         "hellaswag_n": hs["n"]})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
-    samples, _, _ = sample(models.raw, SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
+    samples, _, _ = sample(Engine(models.raw), SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
     run.log.log(records + [{"step": run.step, "samples": samples}])
@@ -528,7 +536,7 @@ def evaluate_or_stop(run, checkpoint):
         step, eval_B = run.step, run.s.eval_B or run.s.B
         if runtime.timed_out(e):  # another process hangs: no checkpoint can be agreed on (peer_timeout_hint)
             raise
-        checkpoint = checkpoint or save_run(run)
+        checkpoint = checkpoint or save(run)
         if runtime.is_out_of_memory(e):
             raise RankError(f"out of memory evaluating step {step} at eval_B={eval_B}: the step is in "
                             f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from checkpoint import checkpoints, save_checkpoint
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "train_gpt2.py")
@@ -163,6 +164,26 @@ def save_model(model, path, step=0):
                      "step": step},
                     str(path))
     return str(path)
+
+
+# a tiny model in-process (test_model.py, test_engine.py)
+def tiny(**kw):
+    """A 2-layer model; vocab 512 keeps it fast, tests about the padded GPT-2 vocab pass vocab_size=50304."""
+    return GPTConfig(**{**dict(block_size=32, vocab_size=512, n_layer=2, n_head=4, n_embd=32), **kw})
+
+
+def build(config, seed=0):
+    torch.manual_seed(seed)
+    return GPT(config).eval()
+
+
+def trained_modern(seed=0):
+    """The modern options with weights moved off their zero init, so that every path matters."""
+    m = build(tiny(**{name: True for name in GPTConfig.MODERN}), seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m
 
 
 # The files whose tests take longest (compiling, torchrun) go first: each runs on one test worker

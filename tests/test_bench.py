@@ -216,7 +216,7 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
     """gpu_check.check_generation's logic on a CPU (eager decoding, Tensor.item counted as the syncs): it
     passes the real decoder, and fails on a cache that loses values, a sync per token, a counter that never
     fires, and a comparison that covers too few steps."""
-    import model
+    import engine
     from gpu_check import check_generation, generation_verdict
     rt = Runtime()
     ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
@@ -225,13 +225,13 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
     assert "0 / 0 host syncs at 4 / 32 new tokens, 1 with a deliberate one more" in detail
 
     with monkeypatch.context() as m:  # a broken cache: values are never written
-        update = model.KVCache.update
-        m.setattr(model.KVCache, "update", lambda self, layer, k, v, pos: update(self, layer, k, v * 0, pos))
+        update = engine.KVCache.update
+        m.setattr(engine.KVCache, "update", lambda self, layer, k, v: update(self, layer, k, v * 0))
         ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
         assert not ok and "OTHER tokens than recomputing" in detail, detail
     with monkeypatch.context() as m:  # a host sync at every token
-        pick = model.pick
-        m.setattr(model, "pick", lambda logits, *a, **k: pick(logits, *a, **k) + 0 * int(logits[0, 0].item()))
+        pick = engine.pick
+        m.setattr(engine, "pick", lambda logits, *a, **k: pick(logits, *a, **k) + 0 * int(logits[0, 0].item()))
         ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
         assert not ok and "4 / 32 host syncs" in detail and "grow with the tokens" in detail, detail
     ok, detail = check_generation(rt, compile=False, count_syncs=lambda fn: fn() or 0, steps=16)  # a deaf counter

@@ -3,9 +3,9 @@ eager one-process run, with compiled evaluations that compile nothing new after 
 finds out before training that compile cannot work here."""
 import json
 import math
+import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -67,65 +67,6 @@ def test_bf16_on_cpu_and_compile_that_cannot_work(tmp_path, text):
     assert sorted(losses(tmp_path / "log")) == [1, 2]
 
 
-# One training step (forward + backward under bf16 autocast) of a 3-block model, wrapped by train_gpt2's own
-# wrap_model for DDP and FSDP with activation checkpointing off and on, profiled on every rank.
-REGIONS = textwrap.dedent("""
-    import collections, json, sys
-    import torch
-    from torch.profiler import profile
-    import runtime, train_gpt2
-    from model import GPT, GPTConfig
-    COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::embedding", "aten::layer_norm",
-               "aten::native_layer_norm", "aten::gelu", "aten::_scaled_dot_product", "aten::log_softmax",
-               "aten::_log_softmax", "aten::nll_loss", "aten::cross_entropy")
-
-    def compiled(event):
-        while event is not None:
-            if event.name.startswith(("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFx")):
-                return True
-            event = event.cpu_parent
-        return False
-
-    rt = runtime.setup("cpu", "bf16")
-    compile = torch.compile
-    out = {}
-    # DDP without grad_checkpoint (one whole-model graph) is what the other compile tests run. Where Dynamo
-    # splits the graph does not depend on the backend: Inductor compiles the hardest case, aot_eager (the same
-    # graphs run by aten ops, no C++ compiling) the others
-    for fsdp, grad_checkpoint, backend in [(False, True, "aot_eager"), (True, False, "aot_eager"),
-                                           (True, True, "inductor"), (True, False, None)]:
-        torch._dynamo.reset()
-        torch.compile = lambda fn, backend=backend: compile(fn, backend=backend)
-        torch.manual_seed(0)
-        raw = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=2, n_embd=32,
-                            grad_checkpoint=grad_checkpoint))
-        s = train_gpt2.Settings(fsdp=fsdp, compile=backend is not None)
-        model = train_gpt2.wrap_model(raw, s, rt).train_model
-        gathered = []
-        if fsdp:  # after FSDP's own pre-forward hook, which gathers the block's parameters
-            raw.transformer.h[0].register_forward_pre_hook(
-                lambda m, args: gathered.append(str(m.attn.c_attn.weight.dtype)))
-        x = torch.arange(2 * 64).view(2, 64) * (rt.rank + 1) % 256  # each rank its own batch
-        for step in range(2):  # the second step: compiled, nothing left to compile
-            raw.zero_grad()
-            with profile() as prof:
-                with runtime.autocast("cpu", "bf16"):
-                    _, loss = model(x, x)
-                loss.backward()
-        events = prof.events()
-        grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                 for n, p in raw.named_parameters()}
-        out[f"{'fsdp' if fsdp else 'ddp'} grad_checkpoint={grad_checkpoint} compile={backend}"] = {
-            "regions": sum(e.name.startswith("Torch-Compiled Region") for e in events),
-            "eager": dict(collections.Counter(e.name for e in events
-                                              if e.name.startswith(COMPUTE) and not compiled(e))),
-            "gathered": sorted(set(gathered)),
-            "grad_dtype": str(grads["transformer.h.0.mlp.c_fc.weight"].dtype),
-            "loss": loss.item(), "grads": {n: g.float().flatten()[:64].tolist() for n, g in grads.items()}}
-    if rt.rank == 0:
-        print("RESULT " + json.dumps(out))
-    torch.distributed.destroy_process_group()
-""")
 
 
 def test_every_part_of_the_step_runs_compiled_under_ddp_and_fsdp(tmp_path):
@@ -136,10 +77,9 @@ def test_every_part_of_the_step_runs_compiled_under_ddp_and_fsdp(tmp_path):
     compiled region (the profiler's tree), FSDP runs one region per block + 2 and gathers the blocks'
     parameters in bf16 (MixedPrecisionPolicy) with fp32 gradients, and its loss and gradients equal DDP's to
     bf16 rounding, compiled or eager."""
-    worker = tmp_path / "regions.py"
-    worker.write_text(REGIONS)
+    worker = os.path.join(ROOT, "tests", "workers", "regions.py")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(worker)], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True,
+                        worker], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     got = json.loads(r.stdout.split("RESULT ", 1)[1])

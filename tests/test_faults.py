@@ -4,6 +4,7 @@ import errno
 import glob
 import math
 import os
+import shutil
 import textwrap
 
 import pytest
@@ -242,19 +243,8 @@ def test_a_full_disk_under_torchrun_stops_every_rank_in_one_line(tmp_path, text)
     from conftest import train
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent("""
-        import errno, os
-        if os.environ.get("RANK") == "0":
-            import torch
-            real, calls = torch.save, []
-
-            def save(obj, f, *args, **kwargs):
-                calls.append(1)
-                if len(calls) < 2:
-                    return real(obj, f, *args, **kwargs)
-                raise OSError(errno.ENOSPC, "No space left on device")
-            torch.save = save
-        """))
+    from conftest import ROOT
+    shutil.copy(os.path.join(ROOT, "tests", "workers", "sitecustomize_enospc.py"), site / "sitecustomize.py")
     log = tmp_path / "log"
     r = train(TINY + [f"--data_root={text}", "--max_steps=6", "--checkpoint_interval=2",
                       "--eval_interval=100", f"--log_dir={log}"], cwd=tmp_path, check=False, nproc=2,

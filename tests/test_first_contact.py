@@ -226,6 +226,7 @@ def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monk
     import torch
     import checkpoint
     from conftest import DOCS, save_model
+    from engine import Engine
     from errors import UserError
     from model import GPT, GPTConfig
     from tokenizer import byte_chars, get_encoding
@@ -249,7 +250,7 @@ def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monk
     prompt = "Hello, I'm a language model,"  # what pipeline("text-generation", DIR) does, greedily
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
     got = hf.generate(**tok(prompt, return_tensors="pt"), max_new_tokens=8, do_sample=False)
-    ours = model.generate(torch.tensor([enc.encode_ordinary(prompt)]), 8, top_k=1)
+    ours = Engine(model).generate(torch.tensor([enc.encode_ordinary(prompt)]), 8, top_k=1)
     assert tok.decode(got[0]) == enc.decode(ours[0].tolist())
     (tmp_path / "taken").write_text("")
     monkeypatch.setattr(sys, "argv", ["checkpoint.py", ckpt, "--hf", str(tmp_path / "taken")])

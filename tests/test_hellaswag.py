@@ -13,7 +13,7 @@ import hellaswag
 from errors import UserError
 from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
 from conftest import hellaswag_example as example
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Packing
 from runtime import Runtime
 from tokenizer import get_encoding
 
@@ -80,7 +80,7 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
     tokens, pos, group, select, targets, owner, labels = prepared.arrays(0, "cpu")
     assert tokens.shape[0] == 6 and tokens.shape[1] % hellaswag.BUCKET == 0
     assert labels.tolist() == [examples[i]["label"] for i in order] + [-1, -1]
-    logits, _ = model(tokens, pos=pos, attn_mask=hellaswag.attention_mask(group), select=select)
+    logits, _ = model(tokens, packing=Packing(pos, hellaswag.attention_mask(group), select))
     assert logits.shape == (len(select), 50304)
     losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     total = torch.zeros(4 * len(examples)).index_add_(0, owner, losses)

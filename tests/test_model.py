@@ -10,22 +10,13 @@ import safetensors.torch
 import torch
 
 from accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
-from conftest import ROOT, assert_one_line_error, script
+from conftest import ROOT, assert_one_line_error, build, script, tiny, trained_modern
 import hf_gpt2
 import model
-from model import GPT, GPT2_VOCAB, GPTConfig, KVCache
+from engine import Engine
+from model import GPT, GPT2_VOCAB, GPTConfig, Packing
 from errors import UserError
 from optimizers import make_optimizers, role_peaks
-
-
-def tiny(**kw):
-    """A 2-layer model; vocab 512 keeps it fast, tests about the padded GPT-2 vocab pass vocab_size=50304."""
-    return GPTConfig(**{**dict(block_size=32, vocab_size=512, n_layer=2, n_head=4, n_embd=32), **kw})
-
-
-def build(config, seed=0):
-    torch.manual_seed(seed)
-    return GPT(config).eval()
 
 
 # ---------------------------------------------------------------------------------------------- architecture
@@ -190,23 +181,6 @@ def test_modern_options():
     assert not torch.allclose(m(x)[0], logits, atol=1e-3)
 
 
-def trained_modern(seed=0):
-    """The modern options with weights moved off their zero init, so that every path matters."""
-    m = build(tiny(**MODERN), seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return m
-
-
-def test_modern_kv_cache_equals_recompute():
-    m = trained_modern()
-    idx = torch.randint(0, 512, (3, 5))
-    cached = m.generate(idx, 40, top_k=1, use_cache=True)  # past block_size 32 too: the crop
-    assert torch.equal(cached, m.generate(idx, 40, top_k=1, use_cache=False))
-    assert len(set(cached[0, 5:].tolist())) > 1
-
-
 @pytest.mark.slow
 def test_modern_gradient_checkpointing_and_positions():
     """grad_checkpoint gives the same loss and gradients; rotary positions are relative: a sequence scores
@@ -223,7 +197,7 @@ def test_modern_gradient_checkpointing_and_positions():
     assert torch.equal(l0, l1) and all(torch.allclose(g0[n], g1[n], rtol=0, atol=1e-7) for n in g0)
     m.eval()
     logits, _ = m(x)
-    shifted, _ = m(x, pos=torch.arange(7, 23).expand(2, 16))
+    shifted, _ = m(x, packing=Packing(pos=torch.arange(7, 23).expand(2, 16)))
     torch.testing.assert_close(logits, shifted, rtol=1e-4, atol=1e-4)
 
 
@@ -246,21 +220,30 @@ def test_ignore_index_targets():
 
 @pytest.mark.slow
 def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
-    """chunked=True computes the head and the loss in chunks with the gradients in the forward
-    (ChunkedHeadLoss, how a CPU trains): the same loss and gradients as the plain lm_head + cross_entropy,
-    over several chunks (the last one short), with ignored targets and the loss scaled before backward
-    (fp16), in train mode or not: the call means the same whatever the model's mode or device."""
+    """A CPU training step's loss goes through ChunkedHeadLoss (the head and the loss in chunks, the
+    gradients in the forward): the same loss and gradients as the plain lm_head + cross_entropy written
+    here, over several chunks (the last one short), with ignored targets and the loss scaled before
+    backward (fp16), in train mode or not. Without gradients (evaluation) the plain path runs."""
     monkeypatch.setattr(model.ChunkedHeadLoss, "CHUNK", 7)
+    calls, apply = [], model.ChunkedHeadLoss.apply
+    monkeypatch.setattr(model.ChunkedHeadLoss, "apply", lambda *a: calls.append(1) or apply(*a))
     x = torch.randint(0, 512, (2, 16))
     y = x.roll(-1, 1)
     y[0, :5] = -1
     results = []
     for chunked in (True, False):
         m = build(tiny()).train(not chunked)
-        logits, loss = m(x, y, chunked=chunked)
+        if chunked:
+            logits, loss = m(x, y)
+            assert logits is None and calls == [1]
+        else:
+            logits, _ = m(x)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, 512), y.view(-1), ignore_index=-1)
         (loss * 2.5).backward()
-        assert logits is None
         results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    with torch.no_grad():
+        m(x, y)
+    assert calls == [1]
     (chunked, g0), (plain, g1) = results
     assert torch.allclose(chunked, plain, rtol=1e-6, atol=0), (chunked, plain)
     for name in g0:  # fp32 rounding: summed in another order
@@ -295,167 +278,13 @@ def test_mqa_gqa_share_kv_heads():
     assert m.transformer.h[0].attn.c_attn.weight.shape == (C + 2 * hs, C)
 
 
-@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
-def test_kv_cache_size(n_kv_head):
-    c = tiny(n_kv_head=n_kv_head)
-    m = build(c)
-    cache = KVCache(c, batch_size=3)
-    x = torch.randint(0, 512, (3, 5))
-    m(x, cache=cache, pos=torch.arange(5))
-    assert len(cache.k) == len(cache.v) == c.n_layer
-    assert {t.shape for t in cache.k + cache.v} == {(3, n_kv_head, c.block_size, c.head_dim)}
-    written = torch.stack(cache.k).abs().amax(dim=(0, 1, 2, 4)) > 0  # (block_size,): the positions written
-    assert written.tolist() == [True] * 5 + [False] * (c.block_size - 5)
-
-
-@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
-def test_kv_cache_equals_recompute(n_kv_head):
-    m = build(tiny(n_kv_head=n_kv_head))
-    idx = torch.randint(0, 512, (3, 5))
-    # 5 + 40 > block_size 32: also covers the crop to the last block_size tokens
-    cached = m.generate(idx, 40, top_k=1, use_cache=True)
-    full = m.generate(idx, 40, top_k=1, use_cache=False)
-    assert cached.shape == (3, 45) and torch.equal(cached[:, :5], idx)
-    assert torch.equal(cached, full)
-
-
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 def test_explicit_attention_matches_flash(n_kv_head):
     x = torch.randint(0, 512, (2, 20))
     flash, explicit = build(tiny(n_kv_head=n_kv_head)), build(tiny(n_kv_head=n_kv_head, flash=False))
     assert torch.allclose(flash(x)[0], explicit(x)[0], atol=1e-5)
     idx = x[:, :5]  # and through the KV-cache (prefill, then one token at a time)
-    assert torch.equal(flash.generate(idx, 10, top_k=1), explicit.generate(idx, 10, top_k=1))
-
-
-@pytest.mark.parametrize("flash", [True, False])
-def test_kv_cache_chunks_match_full_forward(flash):
-    c = tiny(n_kv_head=2, flash=flash)
-    m = build(c)
-    x = torch.randint(0, 512, (2, 20))
-    cache = KVCache(c, 2)
-    parts = [m(x[:, a:b], cache=cache, pos=torch.arange(a, b))[0]
-             for a, b in [(0, 7), (7, 12), (12, 13), (13, 20)]]
-    full, _ = m(x)
-    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
-
-
-def greedy_gaps(m, seq, prompt_len):
-    """The top-2 logit gap of full recomputation at each generated position of seq (B, T): (B, new)."""
-    logits, _ = m(seq[:, :-1])
-    top2 = logits[:, prompt_len - 1:].float().topk(2, dim=-1).values
-    return top2[..., 0] - top2[..., 1]
-
-
-@pytest.mark.parametrize("n_kv_head", [4, 1])
-def test_cached_greedy_equals_recompute_where_the_top2_gap_is_clear(n_kv_head):
-    """fp32 (no TF32 on a CPU): the cached greedy tokens are recomputation's wherever a step's top-2 logit
-    gap exceeds 1e-4, and here every step's does (asserted, so the equality is not luck), at batch 1 and 3,
-    the prompt shared by all rows or not."""
-    m = build(tiny(n_kv_head=n_kv_head, block_size=64))
-    for idx in (torch.randint(0, 512, (1, 6)), torch.randint(0, 512, (3, 6)),
-                torch.randint(0, 512, (1, 6)).expand(3, 6)):
-        full = m.generate(idx, 40, top_k=1, use_cache=False)
-        assert greedy_gaps(m, full, 6).min() > 1e-4
-        assert torch.equal(m.generate(idx, 40, top_k=1), full)
-
-
-def test_bf16_cached_logits_are_close_to_recomputed():
-    """bf16 autocast: teacher-forced through the cache (a prefill, then one token at a time), the logits are
-    recomputation's to bf16 rounding (they are not bit-equal: the cache rounds keys and values to bf16 and
-    attention adds in another order, so a near-tie can flip and greedy sequences can part)."""
-    m = build(tiny(block_size=64))
-    x = torch.randint(0, 512, (2, 40))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        full, _ = m(x)
-        cache = KVCache(m.config, 2, torch.bfloat16)
-        steps = [m(x[:, :8], cache=cache, pos=torch.arange(8))[0]]
-        steps += [m(x[:, t:t + 1], cache=cache, pos=torch.tensor([t]))[0] for t in range(8, 40)]
-    cached = torch.cat(steps, 1).float()
-    err = (cached - full.float()).abs().max() / full.float().std()
-    assert 0 < err < 0.05, err
-
-
-class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every aten op that runs, by name, and the shapes SDPA is called with."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.attention = [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        self.ops.append(name)
-        if "scaled_dot_product" in name:
-            self.attention.append((tuple(args[0].shape), tuple(args[1].shape)))
-        return func(*args, **(kwargs or {}))
-
-
-# what makes a CPU wait for a GPU: a value read back (item, bool, equal) or an output sized by the data
-SYNCS = {"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "multinomial", "masked_select", "unique"}
-
-
-def test_decoding_has_one_attention_shape_and_no_host_sync():
-    """The design points of the decode loop, counted op by op: after the prompt (run once for N samples of
-    one prompt: its attention at batch 1), every decode step calls attention with the same shapes (the whole
-    cache, a mask), and nothing in the loop makes the host wait: 4 and 20 new tokens make the same syncs
-    (the prompt check only), and sampling draws without multinomial."""
-    m = build(tiny(block_size=64))
-    idx = torch.randint(0, 512, (1, 6)).expand(4, 6)
-    runs = {}
-    for new in (4, 20):
-        with Recorder() as rec:
-            m.generate(idx, new, top_k=50, generator=torch.Generator().manual_seed(0))
-        runs[new] = rec
-    prefill = runs[20].attention[:2]  # 2 layers
-    assert all(q[0] == 1 and q[2] == 6 for q, _ in prefill)  # one row: the prompt is shared
-    decode = set(runs[20].attention[2:])
-    assert len(runs[20].attention[2:]) == 2 * 19 and decode == {((4, 4, 1, 8), (4, 4, 64, 8))}
-    syncs = {new: [op for op in rec.ops if op in SYNCS] for new, rec in runs.items()}
-    assert syncs[4] == syncs[20] == ["equal"]
-
-
-@pytest.mark.slow
-def test_compiled_decode_step_compiles_once(monkeypatch):
-    """generate(compile=True) compiles the decode step once and never again: not at later steps (positions
-    are device tensors, shapes fixed), not at the next call of the same batch size. Counted by Dynamo's
-    frames through a counting backend (inductor would take a minute on 2 cores; what recompiles is decided
-    before the backend). The tokens are the eager ones."""
-    import functools
-    from torch._dynamo.testing import CompileCounter
-    counter = CompileCounter()
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
-    torch._dynamo.reset()
-    m = build(tiny(block_size=64))
-    idx = torch.randint(0, 512, (2, 5))
-    eager = m.generate(idx, 20, top_k=1)
-    assert counter.frame_count == 0
-    assert torch.equal(m.generate(idx, 20, top_k=1, compile=True), eager)
-    assert counter.frame_count == 1
-    assert torch.equal(m.generate(idx[:, :3], 30, top_k=1, compile=True), m.generate(idx[:, :3], 30, top_k=1))
-    assert counter.frame_count == 1
-
-
-def test_sampling_never_yields_padded_ids():
-    m = build(tiny(vocab_size=50304))
-    boost = torch.zeros(50304)
-    boost[GPT2_VOCAB:] = 1e4  # make the padded rows by far the most likely
-    m.lm_head.register_forward_hook(lambda mod, inp, out: out + boost)
-    idx = torch.randint(0, GPT2_VOCAB, (4, 3))
-    assert m(idx)[0].argmax(-1).min() >= GPT2_VOCAB  # without the guard, padded ids would win
-    g = torch.Generator().manual_seed(0)
-    for top_k in (None, 5):
-        out = m.generate(idx, 30, temperature=1.0, top_k=top_k, generator=g)
-        assert out.max() < GPT2_VOCAB
-
-
-def test_sampling_is_seeded():
-    m = build(tiny())
-    idx = torch.randint(0, 512, (2, 3))
-    a = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
-    b = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(42))
-    c = m.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(43))
-    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(Engine(flash).generate(idx, 10, top_k=1), Engine(explicit).generate(idx, 10, top_k=1))
 
 
 # ---------------------------------------------------------------------------------------- Hugging Face parity
@@ -623,7 +452,9 @@ def test_memory_estimate_by_part():
 
 
 def _saved_bytes(model, x, y, dtype):
-    """Bytes autograd keeps for backward after one forward (unique storages, parameters excluded)."""
+    """Bytes autograd keeps for backward after one forward (unique storages, parameters excluded), through
+    the plain head and cross-entropy, as a GPU's step runs them (a CPU's model(x, y) with gradients takes
+    ChunkedHeadLoss, which keeps only its gradients)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen = {}
 
@@ -635,7 +466,8 @@ def _saved_bytes(model, x, y, dtype):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            model(x, y)
+            logits, _ = model(x)
+            torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1)
     return sum(seen.values())
 
 
@@ -684,15 +516,6 @@ def test_sequence_too_long():
     m = build(tiny())
     with pytest.raises(ValueError, match="sequence length 33 exceeds block_size=32"):
         m(torch.zeros(1, 33, dtype=torch.long))
-
-
-def test_generate_errors():
-    m = build(tiny())
-    idx = torch.zeros(1, 1, dtype=torch.long)
-    with pytest.raises(ValueError, match="temperature=0"):
-        m.generate(idx, 1, temperature=0)
-    with pytest.raises(ValueError, match="top_k=0"):
-        m.generate(idx, 1, top_k=0)
 
 
 # ----------------------------------------------------------------------------------------- devices, precision
@@ -770,24 +593,6 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
         assert rt.notes == []
 
 
-def test_qk_norm_decodes_where_autocast_runs_rms_norm_in_fp32(monkeypatch):
-    """CUDA's autocast computes rms_norm in fp32 from torch 2.12, so a modern model's normalized keys came
-    back fp32 while its KV-cache is bf16, and the cache's write refused them at the first sample. Emulated on
-    a CPU: rms_norm upcast to fp32 as that autocast does, under bf16 autocast; the cached decode gives the
-    recomputed tokens."""
-    import torch.nn.functional as F
-    rms_norm = F.rms_norm
-    monkeypatch.setattr(F, "rms_norm", lambda x, shape, *a, **k: rms_norm(x.float(), shape, *a, **k))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=4, n_embd=64, qk_norm=True,
-                          rotary=True)).eval()
-    idx = torch.randint(0, 50257, (2, 5))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        cached = model.generate(idx, 6, top_k=1)
-        assert model.decoder(2, "cpu", False).cache.k[0].dtype == torch.bfloat16
-    assert cached.shape == (2, 11)
-
-
 def test_rotary_needs_an_even_head_size():
     """rotary turns pairs of a head's dimensions: an odd head size is refused when the model is configured
     (before a step), not after training at the first sample."""
@@ -795,24 +600,3 @@ def test_rotary_needs_an_even_head_size():
         GPTConfig(n_layer=1, n_head=4, n_embd=12, rotary=True)
     GPTConfig(n_layer=1, n_head=4, n_embd=12)  # learned positions: any head size
 
-
-def test_generate_refuses_an_empty_prompt():
-    """No token to continue: a ValueError that says what to give, not an IndexError inside the loop
-    (sample.py gives an empty prompt <|endoftext|>)."""
-    model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).eval()
-    with pytest.raises(ValueError, match="a prompt of at least one token a row"):
-        model.generate(torch.zeros(2, 0, dtype=torch.long), 3)
-
-
-def test_a_kept_decoder_is_remade_when_the_weights_move():
-    """A compiled decoder is kept per batch size (its CUDA graph replays reads of the weights' addresses):
-    weights updated in place keep it, weights replaced (load_state_dict with assign=True) get a new one, not
-    a graph over freed memory."""
-    model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)).eval()
-    kept = model.decoder(2, "cpu", compile=True)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.5)  # in place: the same storage
-    assert model.decoder(2, "cpu", compile=True) is kept
-    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
-    fresh = model.decoder(2, "cpu", compile=True)
-    assert fresh is not kept and model.decoder(2, "cpu", compile=True) is fresh

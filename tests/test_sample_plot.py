@@ -9,6 +9,7 @@ import plot
 import sample
 from errors import UserError
 from conftest import assert_one_line_error, save_model, script
+from engine import Engine
 from model import GPT, GPTConfig
 from runtime import Runtime
 from tokenizer import get_encoding
@@ -65,15 +66,15 @@ def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
 
 def test_sample_matches_generate_and_is_seeded(checkpoint):
     _, model = checkpoint
-    texts, tok_s, _ = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
+    texts, tok_s, _ = sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 7, Runtime())
     enc = get_encoding()
     idx = torch.tensor([enc.encode_ordinary("To be")] * 3)
-    ref = model.generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(7))
+    ref = Engine(model).generate(idx, 10, top_k=50, generator=torch.Generator().manual_seed(7))
     assert texts == [enc.decode(row.tolist()) for row in ref] and tok_s > 0
-    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())[0] == texts
-    assert sample.sample(model, "To be", 3, 10, 1.0, 50, 8, Runtime())[0] != texts
+    assert sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 7, Runtime())[0] == texts
+    assert sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 8, Runtime())[0] != texts
     # empty prompt
-    assert len(sample.sample(model, "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
+    assert len(sample.sample(Engine(model), "", 1, 5, 1.0, None, 0, Runtime())[0][0]) > len("<|endoftext|>")
 
 
 @pytest.mark.slow
@@ -83,8 +84,8 @@ def test_sample_compiled_gives_the_eager_texts(checkpoint, monkeypatch):
     import functools
     _, model = checkpoint
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    eager, _, no_warm_up = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime())
-    compiled, tok_s, warm_up = sample.sample(model, "To be", 3, 10, 1.0, 50, 7, Runtime(), compile=True)
+    eager, _, no_warm_up = sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 7, Runtime())
+    compiled, tok_s, warm_up = sample.sample(Engine(model, compile=True), "To be", 3, 10, 1.0, 50, 7, Runtime())
     assert compiled == eager and no_warm_up == 0 and warm_up > 0 and tok_s > 0
 
 

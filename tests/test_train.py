@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+import checkpoint
 import settings
 import train_gpt2
 from optimizers import get_lr
@@ -264,28 +265,28 @@ def test_resume_settings():
     Settings = train_gpt2.Settings
     saved = dict(train_gpt2.CONFIG, B=4)
     changed = Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2))
-    s, notes = settings.resume_settings(saved, changed, 2, 2, "log")
+    s, notes = checkpoint.resume_settings(saved, changed, 2, 2, "log")
     assert s.B == 2 and s.max_lr == 1e-3 and s.embed_lr == 0.2
     assert notes == ["B changed since the checkpoint: 4 -> 2",
                      "max_lr changed since the checkpoint: 0.0006 -> 0.001",
                      "embed_lr changed since the checkpoint: 0.0 -> 0.2"]
-    s, notes = settings.resume_settings(saved, Settings(**saved), 1, 2, "log")
+    s, notes = checkpoint.resume_settings(saved, Settings(**saved), 1, 2, "log")
     assert notes == ["processes changed since the checkpoint: 1 -> 2"]
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
                        ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
         with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
-            settings.resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
+            checkpoint.resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
     # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
-    assert settings.resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
+    assert checkpoint.resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
     now = Settings(**dict(saved, device="cpu", dtype="fp32"))
-    assert settings.resume_settings(dict(saved, device="auto", dtype="auto"), now, 1, 1, "log")[1] == []
-    assert settings.resume_settings(dict(saved, device="cpu", dtype="bf16"), now, 1, 1, "log")[1] == [
+    assert checkpoint.resume_settings(dict(saved, device="auto", dtype="auto"), now, 1, 1, "log")[1] == []
+    assert checkpoint.resume_settings(dict(saved, device="cpu", dtype="bf16"), now, 1, 1, "log")[1] == [
         "dtype changed since the checkpoint: 'bf16' -> 'fp32'"]
     with pytest.raises(UserError, match="untied_head=False \\(now True\\)"):
-        settings.resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
+        checkpoint.resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
@@ -547,21 +548,14 @@ def test_one_run_per_log_dir(tmp_path, text):
     assert_one_line_error(r, "is a file, not a directory: choose another --log_dir")
 
 
-EXIT = """
-import sys, torch.distributed as dist, runtime
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-print("written before the exit", end="")
-runtime.exit_process(int(sys.argv[2]))
-print("never")
-"""
-
-
 @pytest.mark.parametrize("status", [0, 143])
 @pytest.mark.slow
 def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, status):
     """exit_process skips the interpreter's shutdown (which races gloo's worker threads and can abort): the
     exit status and everything printed still come out."""
-    r = subprocess.run([sys.executable, "-c", EXIT, str(tmp_path / "pg"), str(status)], cwd=ROOT, env=ENV,
+    worker = os.path.join(ROOT, "tests", "workers", "exit_process.py")
+    r = subprocess.run([sys.executable, worker, str(tmp_path / "pg"), str(status)], cwd=ROOT,
+                       env={**ENV, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=120)
     # (torch 2.8 and 2.9's gloo print a line of their own first)
     assert r.returncode == status and r.stdout.endswith("written before the exit"), (r.returncode, r.stderr)
