@@ -10,27 +10,22 @@ of its tokens given the context, summed (acc) or averaged over its tokens (acc_n
 evaluate() is the one implementation, used by this script and by train_gpt2.py.
 """
 import json
-import math
 import os
-import sys
 import time
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+import packing
 import runtime
 from documents import iter_jsonl
 from errors import UserError, check_range, command_line, first_line, main_guard
-from model import Packing
 from runtime import autocast, hub_online
 from tokenizer import get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
-BUCKET = 8  # rows are padded to a multiple of 8 tokens
-SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans (torch.compile turns the
-# length dynamic at the second one, so it compiles twice, not per length)
+
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -143,157 +138,30 @@ def ending_losses(logits, tokens, mask):
     return total, total / keep.sum(1)
 
 
-def pack(ctx, ends):
-    """An example (its context tokens, its 4 endings' tokens) as one row: the context once, then the 4
-    endings, each at the positions it has after the context. Returns (tokens, pos, group, scored): group is
-    -1 for context tokens and j for ending j; scored holds, for every ending token, (the row index of the
-    token predicting it, the token, j)."""
-    a = len(ctx)
-    tokens, pos, group = list(ctx), list(range(a)), [-1] * a
-    before, targets, owner = [], [], []
-    for j, end in enumerate(ends):
-        start = len(tokens)  # the row index of the ending's first token
-        # its first token follows the context's last, each other token the one before it; the first token of a
-        # row with no context has nothing before it and is not scored
-        before += ([a - 1] if a else []) + list(range(start, start + len(end) - 1))
-        targets += end if a else end[1:]
-        owner += [j] * (len(end) - (not a))
-        tokens += end
-        pos += range(a, a + len(end))
-        group += [j] * len(end)
-    return tokens, pos, group, np.array([before, targets, owner], dtype=np.int64).T
+def Prepared(examples, rt, batch_size, block_size):
+    """The examples as this rank's packing.Prepared batches, tokenized and packed once (a training run does
+    it once for all its evaluations): each example one row, its context once and its 4 endings after it."""
+    items = [None] * len(examples)
+    mine = range(rt.rank, len(examples), rt.world_size)  # packing.Prepared's share: tokenized here only
+    for i, (ctx, ends) in zip(mine, encode_all([examples[i] for i in mine], get_encoding(), block_size)):
+        spans = [(len(ctx), len(ctx) + len(end)) for end in ends]  # fit block_size
+        items[i] = ([ctx + end for end in ends], spans, examples[i]["label"])
+    return packing.Prepared(items, rt, batch_size)
 
 
-def padded_lengths(longest, most=SHAPES):
-    """Each batch's padded length, given its longest row (nondecreasing: the rows are sorted): multiples of
-    BUCKET, at most `most` different ones, each batch padded to its group's longest, the groups of consecutive
-    batches chosen to pad the fewest tokens (dynamic programming). Few shapes: few compiled kernels and
-    attention plans. A group never needs to end inside a run of equal lengths (the run's rest costs nothing in
-    the group it ends, and no less in the next), so the program runs over the distinct lengths (about 40),
-    not the batches (thousands)."""
-    m = [-(-n // BUCKET) * BUCKET for n in longest]
-    values = sorted(set(m))  # nondecreasing m: each value one run
-    counts = [m.count(v) for v in values]
-    size = np.concatenate([[0], np.cumsum(counts)])  # batches in runs [0, k)
-    tokens = np.concatenate([[0], np.cumsum([v * c for v, c in zip(values, counts)])])
-    k = len(values)
-    cost = [[0] + [math.inf] * k]  # cost[g][j]: the least padding of the first j runs in g groups
-    start = [[0] * (k + 1)]  # where the last of those g groups starts
-    for _ in range(most):
-        row, first = [0] + [math.inf] * k, [0] * (k + 1)
-        for j in range(1, k + 1):
-            for i in range(j + 1):  # runs i .. j-1 padded to values[j-1] (i == j: an empty group)
-                padding = values[j - 1] * (size[j] - size[i]) - (tokens[j] - tokens[i]) if i < j else 0
-                c = cost[-1][i] + padding
-                if c < row[j]:
-                    row[j], first[j] = c, i
-        cost.append(row)
-        start.append(first)
-    out, j = list(m), k
-    for g in range(most, 0, -1):
-        i = start[g][j]
-        out[size[i]:size[j]] = [values[j - 1]] * int(size[j] - size[i])
-        j = i
-    return out
-
-
-class Prepared:
-    """HellaSwag examples as one rank's batches, tokenized and packed once (a training run prepares them
-    once for all its evaluations): each example is one row (pack), rows sorted by length, batch_size rows a
-    batch padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same number of
-    batches (under FSDP each forward is collective): a rank with fewer examples gets padding rows it does
-    not count. Rank r of world_size has examples r, r + world_size, ... The arrays are in (pinned, on CUDA)
-    host memory, copied to the device batch by batch without waiting."""
-
-    def __init__(self, examples, rt, batch_size, block_size):
-        self.batch_size = batch_size
-        mine = list(range(rt.rank, len(examples), rt.world_size))
-        encoded = encode_all([examples[i] for i in mine], get_encoding(), block_size)  # fit block_size
-        packed = {i: pack(*e) for i, e in zip(mine, encoded)}
-        mine.sort(key=lambda i: len(packed[i][0]))
-        most = -(-len(examples) // rt.world_size)  # examples of the rank with the most
-        batches = [mine[start:start + batch_size] for start in range(0, most, batch_size)]
-        real = [b for b in batches if b]  # the rest: padding batches, for ranks with fewer examples
-        shapes = padded_lengths([max(len(packed[i][0]) for i in b) for b in real])
-        shapes += [shapes[0] if shapes else BUCKET] * (len(batches) - len(real))
-        self.batches, parts, at = [], [], 0  # batches: (where its arrays are in self.data, their shapes, ids)
-        for batch, L in zip(batches, shapes):
-            rows = np.zeros((3, batch_size, L), dtype=np.int64)  # tokens, pos, group
-            rows[2] = -2  # padding
-            for b, i in enumerate(batch):
-                for r, values in enumerate(packed[i][:3]):
-                    rows[r, b, :len(values)] = values
-            scored = [packed[i][3] + [b * L, 0, 4 * b] for b, i in enumerate(batch)]
-            # a padding batch still scores a token, so its forward has the head's shapes
-            scored = np.concatenate(scored) if scored else np.zeros((1, 3), dtype=np.int64)
-            labels = np.array([examples[i]["label"] for i in batch] + [-1] * (batch_size - len(batch)))
-            # tokens, pos, group (rows, L); select, targets, owner of the scored tokens; labels (-1: padding)
-            arrays = [*rows, *scored.T, labels]
-            parts += [a.ravel() for a in arrays]
-            self.batches.append((at, [a.shape for a in arrays], batch))
-            at += sum(a.size for a in arrays)
-        self.data = torch.from_numpy(np.concatenate(parts))  # one array: one copy a batch, one pinned block
-        if rt.kind == "cuda":
-            self.data = self.data.pin_memory()
-
-    def arrays(self, k, device):
-        """Batch k's arrays on the device, copied from (pinned) host memory without waiting."""
-        at, shapes, _ = self.batches[k]
-        sizes = [math.prod(s) for s in shapes]
-        flat = self.data[at:at + sum(sizes)].to(device, non_blocking=True)
-        return [part.view(s) for part, s in zip(flat.split(sizes), shapes)]
-
-
-def attention_mask(group):
-    """(rows, L, L) from group (rows, L), on its device: a token sees the earlier tokens of the context (-1)
-    and of its own ending (padding, -2, sees padding)."""
-    L = group.size(1)
-    keys, queries = group[:, None, :], group[:, :, None]
-    causal = torch.ones(L, L, dtype=torch.bool, device=group.device).tril()
-    return causal & ((keys == -1) | (keys == queries))
-
-
-@torch.no_grad()
 def evaluate(model, prepared, rt, progress=False):
-    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on a Prepared set of
-    examples, on the device and in the dtype of rt (a runtime.Runtime).
-
-    Each example is one row: its context once, then its 4 endings, each seeing the context and itself, so
-    the context goes through the model once, not 4 times; the head and the cross-entropy run at the ending
-    tokens only (select). Nothing waits for the device until the end: the batches are copied ahead, the
-    masks built there, each example's two predictions stay there, and everything is read back at once.
-    Under torchrun the counts are summed over ranks (one all-reduce).
-    Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum, pred_mean) of this rank]}."""
-    device = rt.device
-    # only a compiled model needs its shapes marked; without Dynamo loaded nothing here is compiled, and
-    # importing it would cost an eager evaluation seconds
-    compiled = "torch._dynamo" in sys.modules
-    # per example: its label (-1: padding), the prediction by summed and by mean loss
-    preds = torch.full((len(prepared.batches), prepared.batch_size, 3), -1, device=device)
-    for k, (_, _, batch) in enumerate(tqdm(prepared.batches, desc="hellaswag", unit="batch",
-                                           disable=not progress)):
-        tokens, pos, group, select, targets, owner, labels = prepared.arrays(k, device)
-        attn_mask = attention_mask(group)
-        # the lengths vary from batch to batch: under torch.compile one graph for all of them, compiled once,
-        # instead of one for the first length and a second, general one at the next
-        for t, dims in ((tokens, (1,)), (pos, (1,)), (attn_mask, (1, 2)), (select, (0,))) if compiled else ():
-            torch._dynamo.maybe_mark_dynamic(t, dims)
-        with autocast(device, rt.dtype):
-            logits, _ = model(tokens, packing=Packing(pos, attn_mask, select))  # (N, vocab_size)
-        n = len(batch)
-        if not n:  # this rank is done, but another still runs a (collective) forward
-            continue
-        losses = F.cross_entropy(logits.float(), targets, reduction="none")  # (N,)
-        total = torch.zeros(4 * n, device=device).index_add_(0, owner, losses).view(n, 4)
-        count = torch.zeros(4 * n, device=device).index_add_(0, owner, torch.ones_like(losses)).view(n, 4)
-        preds[k, :n] = torch.stack([labels[:n], total.argmin(1), (total / count).argmin(1)], 1)
-    real = preds[..., 0] >= 0
-    counts = torch.stack([real.sum()] + [(real & (preds[..., 0] == preds[..., i])).sum() for i in (1, 2)])
+    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on the Prepared
+    examples, on the device and in the dtype of rt (a runtime.Runtime), by
+    packing.evaluate: the context goes through the model once, not 4 times. Under torchrun the counts are
+    summed over ranks (one all-reduce). Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum,
+    pred_mean) of this rank]}."""
+    predictions = [p[:3] for p in packing.evaluate(model, prepared, rt, "hellaswag", progress)]
+    labels = prepared.labels
+    counts = torch.tensor([[1, labels[i] == by_sum, labels[i] == by_mean] for i, by_sum, by_mean in predictions]
+                          + [[0, 0, 0]], device=rt.device).sum(0)
     if rt.distributed:
         torch.distributed.all_reduce(counts)
-    (n, correct, correct_norm), got = counts.tolist(), preds.tolist()  # the one wait for the device
-    predictions = sorted((i, *got[k][b][1:]) for k, (_, _, batch) in enumerate(prepared.batches)
-                         for b, i in enumerate(batch))
+    n, correct, correct_norm = counts.tolist()
     return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": predictions}
 
 

@@ -195,7 +195,7 @@ class Run:
     peaks: dict  # {role: peak learning rate}
     train_loader: DataLoaderLite
     val_loader: DataLoaderLite
-    examples: Prepared | None  # HellaSwag's batches (hellaswag=0: None)
+    examples: object  # HellaSwag's packing.Prepared batches (hellaswag=0: None)
     log: RunLog
     clock: Clock
     step: int = 0  # optimizer steps done

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hellaswag
+import packing
 from errors import UserError
 from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
 from conftest import hellaswag_example as example
@@ -70,17 +71,18 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
     enc = get_encoding()
     examples = [hellaswag.normalize(example(i), "t") for i in (0, 7, 11)]
     examples.append({**examples[0], "ctx": ""})
-    packed = [hellaswag.pack(*hellaswag.encode(ex, enc, 1024)) for ex in examples]
-    for ex, (tokens, pos, group, scored) in zip(examples, packed):
-        ctx = enc.encode_ordinary(ex["ctx"])
-        assert tokens[:len(ctx)] == ctx and group.count(-1) == len(ctx)
-        assert len(scored) == len(tokens) - len(ctx) - (0 if ctx else 4)
+    for ex in examples:
+        ctx, ends = hellaswag.encode(ex, enc, 1024)
+        tokens, pos, group, scored = packing.pack([ctx + end for end in ends],
+                                                  [(len(ctx), len(ctx) + len(end)) for end in ends])
+        assert tokens[:len(ctx)] == ctx and group.count(-1) >= len(ctx)  # and what all endings share
+        assert len(scored) == sum(map(len, ends)) - (0 if ctx else 4)
     prepared = hellaswag.Prepared(examples, Runtime(), 6, 1024)  # one batch, 2 padding rows
     [(_, _, order)] = prepared.batches
-    tokens, pos, group, select, targets, owner, labels = prepared.arrays(0, "cpu")
-    assert tokens.shape[0] == 6 and tokens.shape[1] % hellaswag.BUCKET == 0
-    assert labels.tolist() == [examples[i]["label"] for i in order] + [-1, -1]
-    logits, _ = model(tokens, packing=Packing(pos, hellaswag.attention_mask(group), select))
+    tokens, pos, group, select, targets, owner = prepared.arrays(0, "cpu")
+    assert tokens.shape[0] == 6 and tokens.shape[1] % packing.BUCKET == 0
+    assert prepared.labels == {i: ex["label"] for i, ex in enumerate(examples)}
+    logits, _ = model(tokens, packing=Packing(pos, packing.attention_mask(group), select))
     assert logits.shape == (len(select), 50304)
     losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
     total = torch.zeros(4 * len(examples)).index_add_(0, owner, losses)
@@ -273,42 +275,6 @@ def test_a_training_run_tokenizes_hellaswag_once(tmp_path, monkeypatch, text):
     evaluated = [(r["step"], r["hellaswag_n"]) for r in records(log) if "hellaswag" in r]
     assert evaluated == [(2, 9), (4, 9), (6, 9)]
     assert len(calls) == 1
-
-
-def test_padded_lengths_are_few_and_pad_the_least():
-    """At most `most` lengths, each batch padded to one at or above its longest row, and no other grouping of
-    consecutive batches pads fewer tokens (all of them tried)."""
-    import itertools
-    import random
-    random.seed(0)
-
-    def padding(lengths, longest):
-        return sum(p - -(-n // hellaswag.BUCKET) * hellaswag.BUCKET for p, n in zip(lengths, longest))
-
-    for _ in range(100):
-        longest = sorted(random.randint(1, 300) for _ in range(random.randint(1, 8)))
-        most = random.randint(1, 4)
-        got = hellaswag.padded_lengths(longest, most)
-        assert len(set(got)) <= most
-        assert all(p >= n and p % hellaswag.BUCKET == 0 for p, n in zip(got, longest))
-        least = min(padding([max(-(-n // 8) * 8 for n in longest[i:j]) for i, j in zip(b, b[1:])
-                             for _ in range(i, j)], longest)
-                    for k in range(min(most, len(longest)))
-                    for cuts in itertools.combinations(range(1, len(longest)), k)
-                    for b in [(0, *cuts, len(longest))])
-        assert padding(got, longest) == least
-    # thousands of batches (a 10,042-example run at 4 a batch), against the same program over every batch
-    # boundary (quadratic in the batches, so on a sample that it finishes quickly): the same padding
-    longest = sorted(random.randint(20, 336) for _ in range(2512))
-    got = hellaswag.padded_lengths(longest)
-    assert len(set(got)) <= hellaswag.SHAPES and all(p >= n for p, n in zip(got, longest))
-    sample = longest[::8]
-    m = [-(-n // 8) * 8 for n in sample]
-    best = [[0] + [float("inf")] * len(m)]
-    for _ in range(hellaswag.SHAPES):
-        best.append([0] + [min(best[-1][i] + m[j - 1] * (j - i) - sum(m[i:j]) for i in range(j))
-                           for j in range(1, len(m) + 1)])
-    assert padding(hellaswag.padded_lengths(sample), sample) == min(row[-1] for row in best)
 
 
 def test_a_model_of_few_positions_evaluates_cropped_contexts(tmp_path, capsys, text):
