@@ -4,6 +4,7 @@
     python fineweb.py --input data/ --out_dir mine  # local .jsonl / .parquet / .txt files, save_to_disk dir
     python fineweb.py --pretokenized                # download the same 10B tokens already tokenized: minutes
     python fineweb.py --pretokenized --shards 10    # the val shard and the first 10 train shards (1B tokens)
+    python fineweb.py --speedrun_val                # the speedruns' FineWeb val shard, into fineweb10B_val/
 
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
 output is deterministic. The token stream's first 16,777,216 tokens (VAL_TOKENS, or one shard if
@@ -18,6 +19,13 @@ with other arguments, or after the input files changed (names, sizes, modificati
 dataset kjj0/finewebedu10B-gpt2, already tokenized with GPT-2's BPE in llm.c's shard layout (which the loader
 reads), 100M tokens a shard. It is another snapshot than tokenizing sample-10BT yourself, with another
 validation shard: compare runs on the same one.
+
+--speedrun_val downloads the speedruns' yardstick: fineweb_val_000000.bin (100M tokens) of
+kjj0/fineweb10B-gpt2, FineWeb's (not FineWeb-Edu's) validation tokens, as modded-nanogpt's
+cached_fineweb10B.py does. modded-nanogpt trains to val loss 3.28 there; OpenAI's GPT-2 124M scores 3.425
+(llm.c). A checkpoint is scored on its first 10,485,760 tokens, as the speedruns do, by `python train_gpt2.py
+--eval_only=True --init_from=log/model_019073.pt --data_root=fineweb10B_val --val_tokens=10485760
+--log_dir=eval_fw`.
 """
 import collections
 import glob
@@ -42,6 +50,7 @@ REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 # (a 150M one keeps 89% to train, not 33%), whatever --shard_size is
 VAL_TOKENS = 2**24
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
+SPEEDRUN, SPEEDRUN_PREFIX = "kjj0/fineweb10B-gpt2", "fineweb"  # --speedrun_val: its val shard only
 # its train shards: finewebedu_train_000001.bin ... _000099.bin, 100M tokens each but the last (53,989,344):
 # 9,853,989,344 tokens (103 is kjj0/fineweb10B-gpt2's count, not this dataset's)
 PRETOKENIZED_TRAIN = 99
@@ -358,18 +367,19 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
 
 # ------------------------------------------------------------------------------------------------ download
 
-def download(out_dir, shards=PRETOKENIZED_TRAIN):
-    """The validation shard and the first `shards` train shards of PRETOKENIZED into out_dir. Each comes
+def download(out_dir, shards=PRETOKENIZED_TRAIN, repo=PRETOKENIZED, prefix=PRETOKENIZED_PREFIX):
+    """The validation shard and the first `shards` train shards (0: none) of the dataset repo, whose shards
+    are named {prefix}_val_000000.bin, {prefix}_train_000001.bin, ..., into out_dir. Each comes
     through the Hugging Face cache (HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE apply; an interrupted download
     resumes there), is checked (header and size) and only then linked into out_dir under its name (copied if
     the cache is on another file system): a partial or damaged file never stands there. Complete shards in
     out_dir are skipped without asking the Hub."""
-    if not 1 <= shards <= PRETOKENIZED_TRAIN:
+    if repo == PRETOKENIZED and not 1 <= shards <= PRETOKENIZED_TRAIN:
         raise UserError(f"--shards={shards}: {PRETOKENIZED} has train shards 1 to {PRETOKENIZED_TRAIN}")
-    refuse_mixing(out_dir, PRETOKENIZED_PREFIX)
-    names = [os.path.basename(shard_name(out_dir, PRETOKENIZED_PREFIX, i)) for i in range(shards + 1)]
+    refuse_mixing(out_dir, prefix)
+    names = [os.path.basename(shard_name(out_dir, prefix, i)) for i in range(shards + 1)]
     todo = [name for name in names if not whole(os.path.join(out_dir, name))]
-    print(f"fineweb: {len(names) - len(todo)} of {len(names)} shards of {PRETOKENIZED} already in {out_dir}")
+    print(f"fineweb: {len(names) - len(todo)} of {len(names)} shards of {repo} already in {out_dir}")
     if not todo:
         return
     try:
@@ -384,7 +394,7 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
     for i, name in enumerate(todo, 1):
         print(f"fineweb: {name} ({i}/{len(todo)})", flush=True)
         try:
-            cached = hf_hub_download(PRETOKENIZED, name, repo_type="dataset", local_files_only=not online)
+            cached = hf_hub_download(repo, name, repo_type="dataset", local_files_only=not online)
         except Exception as e:  # offline, no such file, Hub outage: the same way out
             if new and not os.listdir(out_dir):  # nothing left behind by a run that got nothing
                 os.rmdir(out_dir)
@@ -392,10 +402,10 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN):
                 have = 0  # the complete train shards from the first on
                 while have < shards and whole(os.path.join(out_dir, names[have + 1])):
                     have += 1
-                raise UserError(f"{PRETOKENIZED} has no {name}: it holds fewer train shards than the "
+                raise UserError(f"{repo} has no {name}: it holds fewer train shards than the "
                                 f"{shards} asked for; the {have} complete ones in {out_dir} are kept: train "
                                 f"on them, or rerun with --shards={have}") from None
-            raise UserError(f"could not download {name} from {PRETOKENIZED} ({first_line(e)}); without "
+            raise UserError(f"could not download {name} from {repo} ({first_line(e)}); without "
                             f"internet, tokenize local files with --input instead") from None
         if not whole(cached):
             raise UserError(f"the downloaded {name} is not a whole token shard (wrong header or size): "
@@ -436,7 +446,8 @@ def cli():
     parser.add_argument("--input", default=None,
                         help="local .jsonl/.parquet/.txt file, a folder of them, or a datasets.save_to_disk "
                         f"folder (default: {REMOTE} {REMOTE_CONFIG} from the Hub)")
-    parser.add_argument("--out_dir", default="edu_fineweb10B", help="where the shards go")
+    parser.add_argument("--out_dir", default=None, help="where the shards go (default: edu_fineweb10B; "
+                        "fineweb10B_val with --speedrun_val)")
     parser.add_argument("--text_field", default="text", help="the column holding each document's text")
     parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8),
                         help="tokens per shard")
@@ -446,13 +457,19 @@ def cli():
                         help=f"download {PRETOKENIZED} (already tokenized) instead of tokenizing")
     parser.add_argument("--shards", type=int, default=PRETOKENIZED_TRAIN,
                         help="--pretokenized: how many train shards of 100M tokens (default: all)")
+    parser.add_argument("--speedrun_val", action="store_true",
+                        help=f"download only {SPEEDRUN}'s validation shard, the speedruns' yardstick")
     args = parser.parse_args()
-    if args.pretokenized and args.input:
-        raise UserError("--pretokenized downloads tokens, --input tokenizes local files: choose one")
-    if args.pretokenized:
-        download(args.out_dir, args.shards)
+    if sum(map(bool, (args.pretokenized, args.input, args.speedrun_val))) > 1:
+        raise UserError("--pretokenized and --speedrun_val download tokens, --input tokenizes local files: "
+                        "choose one")
+    if args.speedrun_val:
+        download(args.out_dir or "fineweb10B_val", 0, SPEEDRUN, SPEEDRUN_PREFIX)
+    elif args.pretokenized:
+        download(args.out_dir or "edu_fineweb10B", args.shards)
     else:
-        main(args.input, args.out_dir, args.text_field, args.shard_size, args.prefix, args.workers)
+        main(args.input, args.out_dir or "edu_fineweb10B", args.text_field, args.shard_size, args.prefix,
+             args.workers)
 
 
 if __name__ == "__main__":

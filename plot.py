@@ -14,6 +14,7 @@ import json
 import os
 
 from accounting import duration
+from core_eval import GPT2_CORE
 from errors import UserError, command_line, main_guard
 from runlog import read_log
 
@@ -30,12 +31,12 @@ REFERENCES = {
         # OpenAI's GPT-2 XL weights, completion style: 0.4893 (the same llm.c docstring)
         ("OpenAI GPT-2 1558M", 0.4893)],
 }
-SERIES = ("loss", "val_loss", "val_bpb", "hellaswag")
+SERIES = ("loss", "val_loss", "val_bpb", "hellaswag", "core")
 
 
 def load_metrics(path, records=None):
-    """{"loss": {step: v}, "val_loss": ..., "val_bpb": ..., "hellaswag": ...} from a metrics.jsonl (its
-    records, where read already)."""
+    """{"loss": {step: v}, "val_loss": ..., "val_bpb": ..., "hellaswag": ..., "core": ...} from a
+    metrics.jsonl (its records, where read already)."""
     series = {key: {} for key in SERIES}
     for record in read_log(path) if records is None else records:
         if "event" in record:
@@ -74,20 +75,21 @@ def reference_levels(run_settings):
 
 def plot(series, out, logy=False, baseline=None, baseline_label="baseline", references=()):
     """Writes the PNG: loss, bits per byte and (when either log has any) HellaSwag with the reference levels
-    given, on one step axis."""
+    given and CORE with OpenAI's GPT-2s' (core_eval.GPT2_CORE), on one step axis."""
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
     panels = [([("loss", "train loss", dict(alpha=0.6, lw=1)), ("val_loss", "val loss", dict(marker="o"))],
-               "loss (nats per token)"),
-              ([("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte")]
-    hellaswag = series["hellaswag"] or (baseline and baseline["hellaswag"])
-    if hellaswag:  # a run with --hellaswag=0 (the CPU default) gets no empty panel
-        panels.append(([("hellaswag", "this run", dict(marker="o"))], "HellaSwag acc_norm"))
+               "loss (nats per token)", []),
+              ([("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte", [])]
+    gpt2s = [(f"OpenAI GPT-2 {size}", v) for size, v in GPT2_CORE.items()]
+    for key, title, levels in (("hellaswag", "HellaSwag acc_norm", references), ("core", "CORE", gpt2s)):
+        if series.get(key) or (baseline and baseline.get(key)):  # a run with --hellaswag=0 gets no empty panel
+            panels.append(([(key, "this run", dict(marker="o"))], title, levels))
     # one step axis for all panels: evaluations line up with the train loss of the same step
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), sharex=True)
-    for ax, (keys, title) in zip(axes, panels):
+    for ax, (keys, title, levels) in zip(axes, panels):
         for key, label, style in keys:
             steps = sorted(series[key])
             if steps:
@@ -102,11 +104,11 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline", refe
                             label=baseline_label)
         if not any(series[key] for key, _, _ in keys):
             ax.text(0.5, 0.5, "no such records in this log", ha="center", transform=ax.transAxes)
+        for (label, value), color in zip(levels, ("r", "g", "b", "m")):
+            ax.axhline(value, color=color, ls="--", label=f"{label} ({value})")
         ax.set(xlabel="step", title=title)
     if logy:
         axes[0].set_yscale("log")
-    for (label, value), color in zip(references if hellaswag else [], ("r", "g", "b")):
-        axes[2].axhline(value, color=color, ls="--", label=f"{label} ({value})")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
@@ -155,18 +157,22 @@ def report(path, records, series, plot_file=None):
                   f"- final train loss {last['loss']:.4f}"]
     lines += ["", "## Evaluation", ""]
     for key, name in (("val_loss", "val loss"), ("val_bpb", "val bits per byte"),
-                      ("hellaswag", "HellaSwag acc_norm")):
+                      ("hellaswag", "HellaSwag acc_norm"), ("core", "CORE")):
         values = series[key]
         if values:
-            best = (max if key == "hellaswag" else min)(values, key=values.get)
+            best = (max if key in ("hellaswag", "core") else min)(values, key=values.get)
             lines.append(f"- {name}: {values[max(values)]:.4f} at step {max(values)} (best "
                          f"{values[best]:.4f} at step {best})")
+    tasks = [r for r in records if "core_tasks" in r]
+    if tasks:  # the newest CORE evaluation, task by task
+        lines.append(f"- CORE's tasks at step {tasks[-1]['step']} (accuracy): "
+                     + ", ".join(f"{label} {acc:.4f}" for label, acc in tasks[-1]["core_tasks"].items()))
     samples = [r for r in records if "samples" in r]
     if samples:
         lines += ["", f"## Samples at step {samples[-1]['step']}", ""]
         lines += [f"    {text!r}" for text in samples[-1]["samples"]]
     if plot_file:
-        lines += ["", f"![loss, bits per byte and HellaSwag]({plot_file})"]
+        lines += ["", f"![loss, bits per byte, HellaSwag and CORE]({plot_file})"]
     return "\n".join(lines) + "\n"
 
 

@@ -45,7 +45,7 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
                                           "checkpoint_interval", "keep_checkpoints", "collective_timeout")},
           **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
-                                          "seed", "eval_B")},
+                                          "seed", "eval_B", "core")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
 KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import core_eval
 import runtime
 import settings
 from accounting import Clock, duration, mfu, peak_flops
@@ -77,6 +78,8 @@ val_tokens = 20 * 524288  # validation tokens per eval: the split's first, whate
 eval_B = 0  # micro-batch of evaluation (validation rows, HellaSwag's ~B*T tokens a forward); 0: B
 hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
 hellaswag_data = ""  # hellaswag_val.jsonl or a save_to_disk folder; "" = download once into hellaswag_data/
+core = 0  # CORE examples per task per eval (22 tasks; nanochat: 500; 0 = skip), its score in metrics.jsonl
+core_bundle = ""  # CORE's eval bundle folder (core.yaml, eval_meta_data.csv, eval_data/); "" = download once
 checkpoint_interval = 5000  # steps between checkpoints (and always after the last step, or on SIGTERM)
 keep_checkpoints = 2  # the newest K checkpoints are kept (a damaged one is renamed *.damaged)
 # scratch | resume (default when log_dir has a checkpoint) | gpt2, gpt2-medium, gpt2-large, gpt2-xl
@@ -196,6 +199,7 @@ class Run:
     train_loader: DataLoaderLite
     val_loader: DataLoaderLite
     examples: object  # HellaSwag's packing.Prepared batches (hellaswag=0: None)
+    core: object  # CORE's core_eval.Prepared tasks (core=0: None)
     log: RunLog
     clock: Clock
     step: int = 0  # optimizer steps done
@@ -212,7 +216,7 @@ def start_run(s, rt, resume, notes):
     first record written. notes: the settings' NOTEs, for that record."""
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     model = build_model(s, resume).to(rt.device)
-    train_loader, val_loader, examples = load_data(s, rt)
+    train_loader, val_loader, examples, core = load_data(s, rt)
     models = wrap_model(model, s, rt)
     peaks = role_peaks(s, model.config.n_embd)
     optimizers = make_optimizers(model, s.optimizer, s.weight_decay, peaks, fused=rt.kind == "cuda")
@@ -220,7 +224,7 @@ def start_run(s, rt, resume, notes):
     # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
-    run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples,
+    run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
               RunLog(metrics_path(s.log_dir), rt), clock)
     if resume is not None:
         run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
@@ -250,17 +254,22 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag's batches or None) for this rank. HellaSwag is tokenized and
-    packed here, once for every evaluation of the run, in batches of rows of <= 336 tokens that hold about a
-    micro-batch of tokens."""
+    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank. Both
+    evaluations are tokenized and packed here, once for every evaluation of the run: HellaSwag in batches of
+    rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few block_sizes."""
     args = (s.B, s.T, rt.rank, rt.world_size)
-    train = DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
+    # eval_only reads no train split: a folder of validation shards alone will do (fineweb.py --speedrun_val)
+    train = None if s.eval_only else DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
     val = DataLoaderLite(*args, "val", s.data_root)
     examples = None
     if s.hellaswag > 0:
         examples = Prepared(load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data"),
                             rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
-    return train, val, examples
+    core = None
+    if s.core > 0:
+        core = core_eval.Prepared(core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle"),
+                                  rt, max(1, (s.eval_B or s.B) // 4), s.block_size)
+    return train, val, examples, core
 
 
 def wrap_model(raw_model, s, rt):
@@ -517,6 +526,11 @@ def evaluate(run):
         print0(f"{at}: hellaswag acc_norm {hs['acc_norm']:.4f} ({hs['n']} examples)")
         records.append({"step": run.step, "hellaswag": hs["acc_norm"], "hellaswag_acc": hs["acc"],
                         "hellaswag_n": hs["n"]})
+    if run.core is not None:  # the same: packed once, through the compiled model
+        core = core_eval.evaluate(models.eval_model, run.core, rt)
+        print0(f"{at}: CORE {core['core']:.4f} ({len(core['tasks'])} tasks, {s.core} examples each at most)")
+        records.append({"step": run.step, "core": core["core"],
+                        "core_tasks": {label: t["accuracy"] for label, t in core["tasks"].items()}})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
     samples, _, _ = sample(Engine(models.raw), SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:

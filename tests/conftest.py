@@ -143,6 +143,7 @@ def assert_one_line_error(r, *phrases):
 
 
 def write_jsonl(path, rows):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -156,6 +157,40 @@ def hellaswag_example(i, label=None):
     return {"ind": i, "activity_label": "Cooking", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
             "split_type": "indomain", "label": (i * 7) % 4 if label is None else label, "endings": endings,
             "source_id": f"test~{i}"}
+
+
+def write_core_bundle(folder, n=12):
+    """An eval bundle in DCLM's layout (core.yaml, eval_meta_data.csv, eval_data/<dataset_uri>) whose 5 tasks
+    of n examples, cut from input.txt, cover each task type, few-shot examples, two-, three- and four-way
+    choices, a delimiter that is not a space, and contexts of a few hundred tokens that a model of few
+    positions must crop. Returns the folder."""
+    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f if len(line.strip()) > 15][:400]
+    tasks = {  # label: (type, shots, delimiter, baseline, dataset_uri, row(i))
+        "mc_zeroshot": ("multiple_choice", 0, " ", 30.0, "mc/zeroshot.jsonl", lambda i: {
+            "query": lines[i], "choices": lines[i + 1:i + 3 + i % 3], "gold": i % 2}),
+        "mc_fewshot": ("multiple_choice", 3, "\nAnswer: ", 25.0, "mc/fewshot.jsonl", lambda i: {
+            "query": f"Question: who says {lines[20 + i]!r}?", "choices": ["the king", "the queen", "a fool",
+                                                                           "nobody"], "gold": i % 4}),
+        "schema": ("schema", 2, " ", 50.0, "schema.jsonl", lambda i: {
+            "context_options": [lines[40 + i], lines[60 + i]], "continuation": lines[80 + i], "gold": i % 2}),
+        "lm_short": ("language_modeling", 2, " ", 0.0, "lm/short.jsonl", lambda i: {
+            "context": " " + lines[100 + i] + " ", "continuation": lines[120 + i].split()[0]}),
+        "lm_long": ("language_modeling", 1, ": ", 0.0, "lm/long.jsonl", lambda i: {
+            "context": " ".join(lines[140 + 5 * i:160 + 5 * i]), "continuation": "and " + lines[300 + i]}),
+    }
+    yaml_lines = ["icl_tasks:"]
+    meta = ["Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline,Centered Metric?"]
+    for label, (kind, shots, delim, baseline, uri, row) in tasks.items():
+        yaml_lines += [f"- label: {label}", f"  dataset_uri: {uri}", f"  num_fewshot: [{shots}]",
+                       f"  icl_task_type: {kind}", f"  continuation_delimiter: {json.dumps(delim)}"]
+        meta.append(f"{label},test,{kind},{shots},{n},{baseline},")
+        write_jsonl(os.path.join(folder, "eval_data", uri), [row(i) for i in range(n)])
+    with open(os.path.join(folder, "core.yaml"), "w", encoding="utf-8") as f:
+        f.write("\n".join(yaml_lines) + "\n")
+    with open(os.path.join(folder, "eval_meta_data.csv"), "w", encoding="utf-8") as f:
+        f.write("\n".join(meta) + "\n")
+    return str(folder)
 
 
 def save_model(model, path, step=0):

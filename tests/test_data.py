@@ -566,11 +566,11 @@ def test_train_gpt2_on_npy_shards_equals_bin_shards(tmp_path, text):
 
 # ------------------------------------------------------------------------------------ --pretokenized download
 
-def hub_cache(tmp_path, shards):
-    """A Hugging Face cache holding shards {name: tokens} of fineweb.PRETOKENIZED, in the layout
+def hub_cache(tmp_path, shards, dataset=fineweb.PRETOKENIZED):
+    """A Hugging Face cache holding shards {name: tokens} of a dataset (fineweb.PRETOKENIZED), in the layout
     huggingface_hub reads (refs/main names a snapshot; the files lie in it), so the real hf_hub_download
     resolves them offline."""
-    repo = tmp_path / "hub" / ("datasets--" + fineweb.PRETOKENIZED.replace("/", "--"))
+    repo = tmp_path / "hub" / ("datasets--" + dataset.replace("/", "--"))
     commit = "0123456789abcdef0123456789abcdef01234567"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
@@ -628,6 +628,30 @@ def test_pretokenized_download_through_the_hub_cache_offline(tmp_path):
     write_shard(shard_path(out, "edufineweb", "train", 1), np.arange(100))  # tokenized here: another source
     r = pretokenized(2, out, env)
     assert_one_line_error(r, "already holds other shards (edufineweb_train_000001.bin, ...)")
+
+
+@pytest.mark.slow
+def test_the_speedrun_val_shard_downloads_and_scores_a_checkpoint(tmp_path, text):
+    """python fineweb.py --speedrun_val fetches kjj0/fineweb10B-gpt2's fineweb_val_000000.bin alone (here
+    from the Hub cache, offline) into fineweb10B_val/, and --eval_only scores a checkpoint on that folder of
+    one validation shard (no train split needed): the loss of its first val_tokens tokens."""
+    import train_gpt2
+    from conftest import TINY, records
+    tokens = np.arange(5000) % 50257
+    cache, _ = hub_cache(tmp_path, {"fineweb_val_000000.bin": tokens}, fineweb.SPEEDRUN)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "fineweb.py"), "--speedrun_val"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert os.listdir(tmp_path / "fineweb10B_val") == ["fineweb_val_000000.bin"]
+    assert np.array_equal(load_shard(str(tmp_path / "fineweb10B_val" / "fineweb_val_000000.bin")), tokens)
+    train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=1", f"--log_dir={tmp_path / 'run'}"])
+    ckpt = str(tmp_path / "run" / "model_000001.pt")
+    assert train_gpt2.main(TINY + ["--eval_only=True", f"--init_from={ckpt}", "--val_tokens=2048",
+                                   f"--data_root={tmp_path / 'fineweb10B_val'}",
+                                   f"--log_dir={tmp_path / 'eval'}"]) == 0
+    [val] = [r for r in records(tmp_path / "eval") if "val_loss" in r]
+    assert 0 < val["val_loss"] < 20 and records(tmp_path / "eval")[0]["config"]["val_tokens"] == 2048
 
 
 def test_a_folder_of_two_sources_is_refused(tmp_path):

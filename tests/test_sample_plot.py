@@ -168,6 +168,8 @@ def test_plot_panels_share_the_step_axis_and_skip_an_empty_hellaswag(tmp_path):
     assert drawn[0][1] == drawn[1][1] and drawn[1][1][0] < 10
     drawn = plot.plot({**series, "hellaswag": {150: 0.26}}, str(tmp_path / "b.png"))
     assert [title for title, _ in drawn][2] == "HellaSwag acc_norm" and len({xlim for _, xlim in drawn}) == 1
+    drawn = plot.plot({**series, "core": {100: 0.05, 150: 0.08}}, str(tmp_path / "c.png"))  # --core=N
+    assert [title for title, _ in drawn][2:] == ["CORE"] and len({xlim for _, xlim in drawn}) == 1
 
 
 @pytest.mark.slow

@@ -1,0 +1,56 @@
+"""A CORE eval bundle in DCLM's layout built from local files, for timing core_eval.py without the network:
+HellaSwag zero-shot and 10-shot (multiple choice, from hellaswag_val.jsonl, as DCLM's hellaswag.jsonl holds
+it: query, choices, gold), a LAMBADA-like task (language modelling: a line of input.txt, then its last word)
+and a Winograd-like one (schema: two contexts, one continuation). Not DCLM's data: its scores mean nothing,
+its shapes (prompt lengths, options, shots) are CORE's.
+
+    python dev/make_core_bundle.py hellaswag_val.jsonl core_bench --n 500
+    python core_eval.py --model log/model_000150.pt --bundle core_bench --device cpu
+    python core_eval.py --model log/model_000150.pt --bundle core_bench --device cpu --unbatched
+"""
+import argparse
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("hellaswag", help="hellaswag_val.jsonl")
+    parser.add_argument("out", help="the bundle's folder")
+    parser.add_argument("--n", type=int, default=500, help="examples per task")
+    args = parser.parse_args()
+    with open(args.hellaswag, encoding="utf-8") as f:
+        hs = [json.loads(line) for _, line in zip(range(args.n), f)]
+    with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
+        lines = [line.strip() for line in f if len(line.split()) >= 6][:3 * args.n]
+    mc = [{"query": ex["ctx"], "choices": ex["endings"], "gold": int(ex["label"])} for ex in hs]
+    lm = [{"context": " ".join(line.split()[:-1]), "continuation": line.split()[-1]} for line in lines[:args.n]]
+    schema = [{"context_options": [lines[args.n + i], lines[2 * args.n + i]], "continuation": "and so it ends.",
+               "gold": i % 2} for i in range(args.n)]
+    tasks = [("hellaswag_zeroshot", "multiple_choice", 0, " ", 25.0, "language_understanding/hellaswag.jsonl", mc),
+             ("hellaswag", "multiple_choice", 10, " ", 25.0, "language_understanding/hellaswag.jsonl", mc),
+             ("lambada_like", "language_modeling", 0, " ", 0.0, "language_understanding/lambada_like.jsonl", lm),
+             ("winograd_like", "schema", 0, " ", 50.0, "language_understanding/winograd_like.jsonl", schema)]
+    config, meta = ["icl_tasks:"], ["Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline"]
+    for label, kind, shots, delim, baseline, uri, rows in tasks:
+        config += [f"- label: {label}", f"  dataset_uri: {uri}", f"  num_fewshot: [{shots}]",
+                   f"  icl_task_type: {kind}", f"  continuation_delimiter: {json.dumps(delim)}"]
+        meta.append(f"{label},bench,{kind},{shots},{len(rows)},{baseline}")
+        write(os.path.join(args.out, "eval_data", uri), rows)
+    with open(os.path.join(args.out, "core.yaml"), "w", encoding="utf-8") as f:
+        f.write("\n".join(config) + "\n")
+    with open(os.path.join(args.out, "eval_meta_data.csv"), "w", encoding="utf-8") as f:
+        f.write("\n".join(meta) + "\n")
+    print(f"{args.out}: {len(tasks)} tasks of {args.n} examples")
+
+
+if __name__ == "__main__":
+    main()

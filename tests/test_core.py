@@ -1,0 +1,252 @@
+"""CORE (core_eval.py) and the packing it shares with HellaSwag (packing.py): a bundle in DCLM's layout that
+the tests make, the packed evaluation against a one-example-at-a-time reference written here (prompts
+rendered with Jinja templates, as DCLM and nanochat render them), ranks, the command line, the inline
+setting."""
+import json
+import os
+import random
+import subprocess
+import sys
+import urllib.error
+
+import jinja2
+import pytest
+import torch
+
+import core_eval
+import packing
+from conftest import ENV, ROOT, TINY, assert_one_line_error, records, save_model, write_core_bundle, write_jsonl
+from engine import Engine
+from errors import UserError
+from model import GPT, GPTConfig
+from runtime import Runtime
+from tokenizer import get_encoding
+
+BLOCK = 64  # few positions: lm_long's prompts are cropped
+
+# the prompt formats of DCLM's in-context tasks (few-shot examples, each followed by a blank line, then the
+# example); written here as templates, independently of core_eval.prompts
+TEMPLATES = {
+    "multiple_choice": "{% for s in shots %}{{ s.query }}{{ d }}{{ s.choices[s.gold] }}\n\n{% endfor %}"
+                       "{{ ex.query }}{{ d }}{{ option }}",
+    "schema": "{% for s in shots %}{{ s.context_options[s.gold] }}{{ d }}{{ s.continuation }}\n\n{% endfor %}"
+              "{{ option }}{{ d }}{{ ex.continuation }}",
+    "language_modeling": "{% for s in shots %}{{ s.context | trim }}{{ d }}{{ s.continuation }}\n\n{% endfor %}"
+                         "{{ ex.context | trim }}{{ d }}{{ option }}",
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=BLOCK, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).double().eval()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, model):
+    """write_core_bundle's 5 tasks, and a sixth whose continuations are, for half of its examples, the
+    model's own greedy tokens: language modelling is then right for some examples, wrong for others."""
+    folder = write_core_bundle(tmp_path_factory.mktemp("bundle"))
+    enc, rows = get_encoding(), []
+    for i, row in enumerate(json.loads(line) for line in open(os.path.join(folder, "eval_data/mc/zeroshot.jsonl"))):
+        context = row["query"].strip()
+        greedy = Engine(model).generate(torch.tensor([[enc.eot_token] + enc.encode_ordinary(context)]), 2,
+                                        top_k=1)[0, -2:].tolist()
+        rows.append({"context": context, "continuation": enc.decode(greedy) if i % 2 else " so it goes"})
+    write_jsonl(os.path.join(folder, "eval_data", "lm", "greedy.jsonl"), rows)
+    with open(os.path.join(folder, "core.yaml"), "a", encoding="utf-8") as f:
+        f.write("- label: lm_greedy\n  dataset_uri: lm/greedy.jsonl\n  num_fewshot: [0]\n"
+                "  icl_task_type: language_modeling\n  continuation_delimiter: ''\n")
+    with open(os.path.join(folder, "eval_meta_data.csv"), "a", encoding="utf-8") as f:
+        f.write("lm_greedy,test,language_modeling,0,12,0.0,\n")
+    return folder
+
+
+def reference(model, bundle, max_per_task=None):
+    """{label: [right or not, per example]}: the bundle read, shuffled and cut as nanochat does, each example
+    rendered, tokenized, cropped and scored alone, its options padded into one forward."""
+    import csv
+    import yaml
+    enc = get_encoding()
+    config = yaml.safe_load(open(os.path.join(bundle, "core.yaml")))["icl_tasks"]
+    baselines = {r["Eval Task"]: float(r["Random baseline"])
+                 for r in csv.DictReader(open(os.path.join(bundle, "eval_meta_data.csv")))}
+    out = {}
+    for t in config:
+        rows = [json.loads(line) for line in open(os.path.join(bundle, "eval_data", t["dataset_uri"]))]
+        random.Random(1337).shuffle(rows)
+        rows = rows[:max_per_task]
+        template, d, kind = jinja2.Template(TEMPLATES[t["icl_task_type"]]), t["continuation_delimiter"], \
+            t["icl_task_type"]
+        right = []
+        for i, ex in enumerate(rows):
+            others = [j for j in range(len(rows)) if j != i]
+            shots = [rows[j] for j in random.Random(1234 + i).sample(others, min(t["num_fewshot"][0], len(others)))]
+            options = {"multiple_choice": ex.get("choices"), "schema": ex.get("context_options"),
+                       "language_modeling": ["", ex.get("continuation")]}[kind]
+            texts = [template.render(shots=shots, d=d, ex=ex, option=o) for o in options]
+            if kind == "language_modeling":
+                texts[0] = texts[0].strip()
+            seqs = [[enc.eot_token] + enc.encode_ordinary(x) for x in texts]
+            if kind == "multiple_choice":  # scored: after the common prefix
+                k = 0
+                while all(len(s) > k and s[k] == seqs[0][k] for s in seqs):
+                    k += 1
+                spans = [(k, len(s)) for s in seqs]
+            elif kind == "schema":  # the common suffix
+                k = 0
+                while all(len(s) > k and s[-1 - k] == seqs[0][-1 - k] for s in seqs):
+                    k += 1
+                spans = [(len(s) - k, len(s)) for s in seqs]
+            else:
+                spans, seqs = [(len(seqs[0]), len(seqs[1]))], [seqs[1]]
+            scores = []
+            for s, (a, b) in zip(seqs, spans):
+                cut = max(0, len(s) - BLOCK)
+                s, a, b = s[cut:], a - cut, b - cut
+                logits = model(torch.tensor([s]))[0][0]  # alone, no padding
+                if kind == "language_modeling":
+                    scores.append(bool((logits[a - 1:b - 1].argmax(-1) == torch.tensor(s[a:b])).all()))
+                else:
+                    scores.append(torch.nn.functional.cross_entropy(logits[a - 1:b - 1], torch.tensor(s[a:b])).item())
+            right.append(scores[0] if kind == "language_modeling" else scores.index(min(scores)) == ex["gold"])
+        out[t["label"]] = (right, baselines[t["label"]])
+    return out
+
+
+def test_packed_equals_the_one_example_reference(model, bundle):
+    """Per example the same verdict as the reference, in every task: multiple choice of 2-4 options, few-shot,
+    a non-space delimiter, schema, language modelling (some right, some wrong), prompts cropped at the
+    model's positions; accuracies, centered scores and CORE follow. The per-example loop of core_eval
+    (--unbatched) agrees too."""
+    tasks = core_eval.load_tasks(bundle)
+    assert [t.label for t in tasks] == ["mc_zeroshot", "mc_fewshot", "schema", "lm_short", "lm_long", "lm_greedy"]
+    enc = get_encoding()
+    long = tasks[4]
+    assert all(len(enc.encode_ordinary(core_eval.prompts(long, i)[1])) > BLOCK for i in range(len(long.examples)))
+    got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 3, BLOCK), Runtime())
+    ref = reference(model, bundle)
+    flat = [ok for right, _ in ref.values() for ok in right]
+    assert [ok for _, ok in got["predictions"]] == flat
+    assert 0 < sum(ref["lm_greedy"][0]) < len(ref["lm_greedy"][0]) and 0 < sum(flat) < len(flat)
+    for label, (right, baseline) in ref.items():
+        accuracy = sum(right) / len(right)
+        assert got["tasks"][label] == {"accuracy": accuracy, "centered": (accuracy - baseline / 100) /
+                                       (1 - baseline / 100), "n": len(right)}
+    assert got["core"] == pytest.approx(sum(t["centered"] for t in got["tasks"].values()) / 6)
+    unbatched = core_eval.evaluate_unbatched(model, tasks, Runtime())
+    assert unbatched["predictions"] == got["predictions"] and unbatched["core"] == got["core"]
+
+
+def test_a_subset_is_the_first_after_nanochats_shuffle(model, bundle):
+    """--max_per_task N keeps the first N rows after random.Random(1337)'s shuffle, and few-shot examples are
+    drawn from those (so a subset agrees with nanochat's numbers for it)."""
+    tasks = core_eval.load_tasks(bundle, 5)
+    rows = [json.loads(line) for line in open(os.path.join(bundle, "eval_data", "mc", "fewshot.jsonl"))]
+    random.Random(1337).shuffle(rows)
+    assert tasks[1].examples == rows[:5] and all(len(t.examples) == 5 for t in tasks)
+    got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 4, BLOCK), Runtime())
+    assert [ok for _, ok in got["predictions"]] == [ok for right, _ in reference(model, bundle, 5).values()
+                                                    for ok in right]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_split_the_examples_once(model, bundle, world_size):
+    tasks = core_eval.load_tasks(bundle)
+    single = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 4, BLOCK), Runtime())
+    parts = [core_eval.evaluate(model, core_eval.Prepared(tasks, rt, 4, BLOCK), rt)
+             for rt in (Runtime(rank=r, world_size=world_size) for r in range(world_size))]
+    assert sorted(p for part in parts for p in part["predictions"]) == single["predictions"]
+
+
+def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
+    """A folder without the bundle's files, a missing task file, and a download without network each name
+    the file or the way to place the bundle by hand; the failed download leaves no bundle behind."""
+    with pytest.raises(UserError, match=r"core.yaml does not exist: --bundle takes the eval bundle's folder"):
+        core_eval.load_tasks(str(tmp_path))
+    folder = write_core_bundle(tmp_path / "b")
+    os.remove(os.path.join(folder, "eval_data", "schema.jsonl"))
+    with pytest.raises(UserError, match=r"schema.jsonl does not exist: the bundle is incomplete"):
+        core_eval.load_tasks(folder)
+
+    def offline(url, path):
+        raise urllib.error.URLError("Name or service not known")
+    monkeypatch.setattr(core_eval.urllib.request, "urlretrieve", offline)
+    with pytest.raises(UserError, match=r"could not download the CORE eval bundle .*unzip it and pass its "
+                                        r"eval_bundle folder with --bundle"):
+        core_eval.download(str(tmp_path / "cache"))
+    assert not os.path.exists(tmp_path / "cache" / "eval_bundle")
+
+
+def test_inline_core_logs_every_task(tmp_path, text, bundle):
+    """--core=N evaluates the first N examples of each task at every evaluation, packed once at start-up,
+    and logs CORE and each task's accuracy beside the validation loss."""
+    log = tmp_path / "log"
+    assert __import__("train_gpt2").main(TINY + [f"--data_root={text}", "--max_steps=2", "--eval_interval=1",
+                                                 "--core=4", f"--core_bundle={bundle}", f"--log_dir={log}"]) == 0
+    core = [r for r in records(log) if "core" in r]
+    assert [r["step"] for r in core] == [1, 2] and set(core[0]["core_tasks"]) == {
+        "mc_zeroshot", "mc_fewshot", "schema", "lm_short", "lm_long", "lm_greedy"}
+    assert core[0]["core"] == pytest.approx(sum(core_eval.centered(a, b) for a, b in zip(
+        core[0]["core_tasks"].values(), [30.0, 25.0, 50.0, 0.0, 0.0, 0.0])) / 6)
+    report = (log / "report.md").read_text()  # the run's report: CORE beside HellaSwag, and each task
+    assert f"- CORE: {core[-1]['core']:.4f} at step 2" in report and "- CORE's tasks at step 2 (accuracy): " in report
+
+
+@pytest.mark.slow
+def test_cli_and_torchrun_agree(tmp_path, bundle, model):
+    """python core_eval.py from the repo root prints the table and CORE and writes --json; 2 gloo processes
+    under torchrun give the same numbers."""
+    ckpt = save_model(model.float(), tmp_path / "m.pt")
+    model.double()
+    args = ["core_eval.py", "--model", ckpt, "--bundle", bundle, "--device", "cpu"]
+    one = subprocess.run([sys.executable] + args + ["--json", str(tmp_path / "one.json")], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "| mc_fewshot | 3 | multiple_choice |" in one.stdout and "\nCORE " in one.stdout
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+                         + args + ["--json", str(tmp_path / "two.json")], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert json.load(open(tmp_path / "one.json")) == json.load(open(tmp_path / "two.json"))
+    assert json.load(open(tmp_path / "one.json"))["tasks"]["lm_greedy"]["n"] == 12
+    assert_one_line_error(subprocess.run([sys.executable, "core_eval.py", "--model", ckpt, "--bundle",
+                                          str(tmp_path / "nope"), "--device", "cpu"], cwd=ROOT, env=ENV,
+                                         capture_output=True, text=True, timeout=300),
+                          "core.yaml does not exist")
+def test_padded_lengths_are_few_and_pad_the_least():
+    """At most `most` lengths, each batch padded to one at or above its longest row, and no other grouping of
+    consecutive batches pads fewer tokens (all of them tried)."""
+    import itertools
+    import random
+    random.seed(0)
+
+    def padding(lengths, longest):
+        return sum(p - -(-n // packing.BUCKET) * packing.BUCKET for p, n in zip(lengths, longest))
+
+    for _ in range(100):
+        longest = sorted(random.randint(1, 300) for _ in range(random.randint(1, 8)))
+        most = random.randint(1, 4)
+        got = packing.padded_lengths(longest, most)
+        assert len(set(got)) <= most
+        assert all(p >= n and p % packing.BUCKET == 0 for p, n in zip(got, longest))
+        least = min(padding([max(-(-n // 8) * 8 for n in longest[i:j]) for i, j in zip(b, b[1:])
+                             for _ in range(i, j)], longest)
+                    for k in range(min(most, len(longest)))
+                    for cuts in itertools.combinations(range(1, len(longest)), k)
+                    for b in [(0, *cuts, len(longest))])
+        assert padding(got, longest) == least
+    # thousands of batches (a 10,042-example run at 4 a batch), against the same program over every batch
+    # boundary (quadratic in the batches, so on a sample that it finishes quickly): the same padding
+    longest = sorted(random.randint(20, 336) for _ in range(2512))
+    got = packing.padded_lengths(longest)
+    assert len(set(got)) <= packing.SHAPES and all(p >= n for p, n in zip(got, longest))
+    sample = longest[::8]
+    m = [-(-n // 8) * 8 for n in sample]
+    best = [[0] + [float("inf")] * len(m)]
+    for _ in range(packing.SHAPES):
+        best.append([0] + [min(best[-1][i] + m[j - 1] * (j - i) - sum(m[i:j]) for i in range(j))
+                           for j in range(1, len(m) + 1)])
+    assert padding(packing.padded_lengths(sample), sample) == min(row[-1] for row in best)
+
+
