@@ -157,8 +157,8 @@ def evaluate(model, prepared, rt, progress=False):
     pred_mean) of this rank]}."""
     predictions = [p[:3] for p in packing.evaluate(model, prepared, rt, "hellaswag", progress)]
     labels = prepared.labels
-    counts = torch.tensor([[1, labels[i] == by_sum, labels[i] == by_mean] for i, by_sum, by_mean in predictions]
-                          + [[0, 0, 0]], device=rt.device).sum(0)
+    counts = torch.tensor([[1, labels[i] == by_sum, labels[i] == by_mean] for i, by_sum, by_mean in
+                           predictions] + [[0, 0, 0]], device=rt.device).sum(0)
     if rt.distributed:
         torch.distributed.all_reduce(counts)
     n, correct, correct_norm = counts.tolist()

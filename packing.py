@@ -84,11 +84,12 @@ def padded_lengths(longest, most=SHAPES):
 class Prepared:
     """Items as one rank's batches, packed once (a training run prepares them once for all its
     evaluations): items[i] = (sequences, spans, label), label the right option's index (kept in labels, for
-    the caller; None: a language-modelling item, judged by its greedy tokens), or None where another rank's (only rank r's need be made); each item one row (pack), rows sorted by length,
-    batch_size rows a batch padded to one of at most SHAPES lengths (padded_lengths), and every rank has the
-    same number of batches: a rank with fewer items gets padding rows it does not count. Rank r of
-    world_size has items r, r + world_size, ... width: the most sequences of an item. The arrays are in
-    (pinned, on CUDA) host memory, copied to the device batch by batch without waiting."""
+    the caller; None: a language-modelling item, judged by its greedy tokens), or None where another rank's
+    (only rank r's need be made). Each item one row (pack), rows sorted by length, batch_size rows a batch
+    padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same number of batches:
+    a rank with fewer items gets padding rows it does not count. Rank r of world_size has items r,
+    r + world_size, ... width: the most sequences of an item. The arrays are in (pinned, on CUDA) host
+    memory, copied to the device batch by batch without waiting."""
 
     def __init__(self, items, rt, batch_size):
         mine = list(range(rt.rank, len(items), rt.world_size))

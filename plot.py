@@ -85,7 +85,7 @@ def plot(series, out, logy=False, baseline=None, baseline_label="baseline", refe
               ([("val_bpb", "val bits per byte", dict(marker="o"))], "val bits per byte", [])]
     gpt2s = [(f"OpenAI GPT-2 {size}", v) for size, v in GPT2_CORE.items()]
     for key, title, levels in (("hellaswag", "HellaSwag acc_norm", references), ("core", "CORE", gpt2s)):
-        if series.get(key) or (baseline and baseline.get(key)):  # a run with --hellaswag=0 gets no empty panel
+        if series.get(key) or (baseline and baseline.get(key)):  # --hellaswag=0: no empty panel
             panels.append(([(key, "this run", dict(marker="o"))], title, levels))
     # one step axis for all panels: evaluations line up with the train loss of the same step
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), sharex=True)

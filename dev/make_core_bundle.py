@@ -32,13 +32,15 @@ def main():
     with open(os.path.join(ROOT, "input.txt"), encoding="utf-8") as f:
         lines = [line.strip() for line in f if len(line.split()) >= 6][:3 * args.n]
     mc = [{"query": ex["ctx"], "choices": ex["endings"], "gold": int(ex["label"])} for ex in hs]
-    lm = [{"context": " ".join(line.split()[:-1]), "continuation": line.split()[-1]} for line in lines[:args.n]]
-    schema = [{"context_options": [lines[args.n + i], lines[2 * args.n + i]], "continuation": "and so it ends.",
-               "gold": i % 2} for i in range(args.n)]
-    tasks = [("hellaswag_zeroshot", "multiple_choice", 0, " ", 25.0, "language_understanding/hellaswag.jsonl", mc),
-             ("hellaswag", "multiple_choice", 10, " ", 25.0, "language_understanding/hellaswag.jsonl", mc),
-             ("lambada_like", "language_modeling", 0, " ", 0.0, "language_understanding/lambada_like.jsonl", lm),
-             ("winograd_like", "schema", 0, " ", 50.0, "language_understanding/winograd_like.jsonl", schema)]
+    lm = [{"context": " ".join(line.split()[:-1]), "continuation": line.split()[-1]}
+          for line in lines[:args.n]]
+    schema = [{"context_options": [lines[args.n + i], lines[2 * args.n + i]],
+               "continuation": "and so it ends.", "gold": i % 2} for i in range(args.n)]
+    at = "language_understanding/"
+    tasks = [("hellaswag_zeroshot", "multiple_choice", 0, " ", 25.0, at + "hellaswag.jsonl", mc),
+             ("hellaswag", "multiple_choice", 10, " ", 25.0, at + "hellaswag.jsonl", mc),
+             ("lambada_like", "language_modeling", 0, " ", 0.0, at + "lambada_like.jsonl", lm),
+             ("winograd_like", "schema", 0, " ", 50.0, at + "winograd_like.jsonl", schema)]
     config, meta = ["icl_tasks:"], ["Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline"]
     for label, kind, shots, delim, baseline, uri, rows in tasks:
         config += [f"- label: {label}", f"  dataset_uri: {uri}", f"  num_fewshot: [{shots}]",

@@ -6,23 +6,30 @@ import sys
 
 import pytest
 
-from conftest import assert_one_line_error, script
+from conftest import script
 from errors import UserError
 from runtime import Runtime
 
 
-@pytest.mark.slow
-def test_bench_cpu_smoke(tmp_path):
-    """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it), where
-    its last rung's time goes, and the profiled steps as a trace (the report test covers the other parts)."""
-    out = tmp_path / "bench.md"
-    trace = tmp_path / "trace.json"
-    r = script("bench.py", "--device", "cpu", "--only", "training", "--skip", "compile", "--steps", "1",
-               "--warmup", "1", "--out", str(out), "--trace", str(trace))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "USDT:" not in r.stderr and "STAGE:" not in r.stderr, r.stderr[-3000:]  # the profiler's chatter
-    assert "aten::mm" in {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
-    report = out.read_text()
+def test_the_profiled_steps_go_to_a_trace_without_the_profilers_chatter(tmp_path, capfd):
+    """--trace: the profiled steps of the last rung as a Chrome trace, and nothing of Kineto's "STAGE:" and
+    "USDT:" lines on stderr (the report test runs the whole ladder and its breakdown as a command)."""
+    import bench
+    from runtime import Runtime
+    every = {k: v for _, switch in bench.rungs({"compile"}) for k, v in switch.items()}
+    step = bench.training_step(dict(n_layer=1, n_head=2, n_embd=32, block_size=64), {**bench.BASE, **every}, 2,
+                               32, Runtime())
+    lines = bench.breakdown(step, "cpu", 0.01, steps=1, trace=str(tmp_path / "trace.json"))
+    err = capfd.readouterr().err
+    assert "USDT:" not in err and "STAGE:" not in err, err[-3000:]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert "aten::mm" in {e.get("name") for e in events}
+    assert any(line.startswith("| matmuls (linear layers, lm_head) |") for line in lines)
+
+
+def ladder_checks(report):
+    """The whole ladder but torch.compile (minutes to compile on 2 cores; the training tests cover it) and
+    where its last rung's time goes, as bench.py --only training writes them on a CPU."""
     rows = re.findall(r"^\| (\+ [^|]+|fp32, eager) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]*x?) \|$",
                       report, re.M)
     assert [name for name, *_ in rows] == ["fp32, eager", "+ TF32 matmuls", "+ bf16 autocast",
@@ -241,10 +248,11 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
 
 
 @pytest.mark.slow
-def test_report_runs_every_section_and_continues(tmp_path):
+def test_report_runs_every_section_and_continues(tmp_path, capsys):
     """bench.py --report on a CPU, at its tiny size: every section in its own process, its raw output kept,
     report.md naming the commit and each command; a rerun runs nothing it holds; a budget stops the section
-    running (exit 2) and the rerun finishes it."""
+    running (exit 2) and the rerun finishes it (those reruns call gpu_report.run, what the command runs)."""
+    import gpu_report
     out = tmp_path / "r"
     r = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -265,20 +273,21 @@ def test_report_runs_every_section_and_continues(tmp_path):
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert "accounting.py estimate" in report and "measured largest micro-batch: CUDA only" in report
     assert re.search(r"^\| [\d.]+ s \| [\d.]+ s \| [\d.]+ s, [\d.]+ s \| [\d,]+ \|$", report, re.M)  # HellaSwag
+    ladder_checks((out / "ladder.md").read_text())
 
-    again = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
-    assert again.returncode == 0 and "== " not in again.stdout, again.stdout[-2000:]
+    capsys.readouterr()
+    assert gpu_report.run(str(out), "cpu", commit="abc1234") == 0
+    assert "== " not in capsys.readouterr().out
     (out / "memory.json").unlink()
-    stopped = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234", "--budget",
-                     "0.01")
-    assert stopped.returncode == 2 and "stopped at the budget during memory" in stopped.stdout
+    assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234") == 2
+    assert "stopped at the budget during memory" in capsys.readouterr().out
     assert not (out / "memory.json").exists()
     assert "| [memory]" not in (out / "report.md").read_text()  # a stopped section is not shown
-    assert script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234").returncode == 0
+    assert gpu_report.run(str(out), "cpu", commit="abc1234") == 0
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
     (tmp_path / "a_file").write_text("")
-    assert_one_line_error(script("bench.py", "--report", str(tmp_path / "a_file" / "r"), "--device", "cpu"),
-                          "a_file is not a folder that can be written: choose another folder")
+    with pytest.raises(UserError, match="a_file is not a folder that can be written: choose another folder"):
+        gpu_report.run(str(tmp_path / "a_file" / "r"), "cpu")
 
 
 def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):

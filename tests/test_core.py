@@ -15,7 +15,7 @@ import torch
 
 import core_eval
 import packing
-from conftest import ENV, ROOT, TINY, assert_one_line_error, records, save_model, write_core_bundle, write_jsonl
+from conftest import ENV, ROOT, TINY, records, save_model, write_core_bundle, write_jsonl
 from engine import Engine
 from errors import UserError
 from model import GPT, GPTConfig
@@ -210,10 +210,6 @@ def test_cli_and_torchrun_agree(tmp_path, bundle, model):
     assert two.returncode == 0, two.stderr[-3000:]
     assert json.load(open(tmp_path / "one.json")) == json.load(open(tmp_path / "two.json"))
     assert json.load(open(tmp_path / "one.json"))["tasks"]["lm_greedy"]["n"] == 12
-    assert_one_line_error(subprocess.run([sys.executable, "core_eval.py", "--model", ckpt, "--bundle",
-                                          str(tmp_path / "nope"), "--device", "cpu"], cwd=ROOT, env=ENV,
-                                         capture_output=True, text=True, timeout=300),
-                          "core.yaml does not exist")
 def test_padded_lengths_are_few_and_pad_the_least():
     """At most `most` lengths, each batch padded to one at or above its longest row, and no other grouping of
     consecutive batches pads fewer tokens (all of them tried)."""

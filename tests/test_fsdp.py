@@ -135,39 +135,9 @@ def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
     assert final_weights(tmp_path / "fsdp")["scaler"] == final_weights(tmp_path / "ddp")["scaler"]
 
 
-MEMORY_CHECK = r"""
-import json, os, sys, torch, torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-from accounting import training_memory
-from model import GPT, GPTConfig
-from optimizers import ROLES, make_optimizers
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-config = GPTConfig(block_size=64, vocab_size=50304, n_layer=3, n_head=2, n_embd=48)
-model = GPT(config)
-for block in model.transformer.h:
-    fully_shard(block)
-fully_shard(model)
-opt, = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 1e-3), fused=False)
-x = torch.randint(0, 50257, (2, 64))
-model(x, x)[1].backward()
-opt.step()
-params = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
-adamw = sum(t.to_local().numel() * t.element_size()
-            for s in opt.state.values() for k, t in s.items() if k != "step")
-est = training_memory(config, 2, 64, "fp32", shards=dist.get_world_size())
-with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:  # not one shared stdout
-    json.dump({"rank": dist.get_rank(), "params": params, "adamw": adamw, "est_params": est["params"],
-               "est_adamw": est["adamw"], "full": 4 * model.num_params()}, f)
-dist.destroy_process_group()
-"""
-
-
 def test_memory_estimate_matches_what_the_shards_hold(tmp_path):
-    script = tmp_path / "check.py"
-    script.write_text(MEMORY_CHECK)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "tests", "workers", "fsdp_memory.py"), str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
