@@ -31,7 +31,8 @@ import torch
 
 import packing
 import runtime
-from errors import UserError, check_range, command_line, main_guard
+from documents import iter_jsonl
+from errors import UserError, check_range, command_line, first_line, main_guard
 from packing import common_prefix
 from tokenizer import get_encoding
 
@@ -85,7 +86,7 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
     """The tasks of an eval bundle folder in DCLM's layout (core.yaml, eval_meta_data.csv, eval_data/), or,
     with bundle None, of the one downloaded into core_data/. Each task's rows shuffled as nanochat does,
     then the first max_per_task kept. option: the setting that gives bundle, for messages."""
-    import yaml  # comes with datasets
+    import yaml  # pyyaml: in requirements.txt (and a dependency of datasets)
     bundle = download(option=option) if bundle is None else bundle
     config, meta = os.path.join(bundle, "core.yaml"), os.path.join(bundle, "eval_meta_data.csv")
     for path in (config, meta):
@@ -93,22 +94,29 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
             raise UserError(f"{path} does not exist: {option} takes the eval bundle's folder (core.yaml, "
                             "eval_meta_data.csv, eval_data/)")
     with open(config, encoding="utf-8") as f:
-        icl = yaml.safe_load(f)["icl_tasks"]
+        try:
+            icl = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise UserError(f"{config}: not valid YAML ({first_line(e)}): a damaged bundle?") from None
+    if not isinstance(icl, dict) or not isinstance(icl.get("icl_tasks"), list):
+        raise UserError(f"{config}: no list of icl_tasks in it: not DCLM's core.yaml")
     with open(meta, encoding="utf-8", newline="") as f:
-        baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in csv.DictReader(f)}
+        rows = list(csv.DictReader(f))
+    if not rows or not {"Eval Task", "Random baseline"} <= set(rows[0]):
+        raise UserError(f"{meta}: no 'Eval Task' and 'Random baseline' columns: not DCLM's "
+                        "eval_meta_data.csv")
+    baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in rows}
     tasks = []
-    for t in icl:
+    for t in icl["icl_tasks"]:
         if t["icl_task_type"] not in KINDS:
             raise UserError(f"{config}: task {t['label']} has type {t['icl_task_type']!r}, not one of "
                             f"{KINDS}")
         if t["label"] not in baselines:
             raise UserError(f"{meta} has no random baseline for task {t['label']}")
         data = os.path.join(bundle, "eval_data", t["dataset_uri"])
-        try:
-            with open(data, encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            raise UserError(f"{data} does not exist: the bundle is incomplete (task {t['label']})") from None
+        if not os.path.isfile(data):
+            raise UserError(f"{data} does not exist: the bundle is incomplete (task {t['label']})")
+        rows = [row for _, row in iter_jsonl(data)]  # a line that is not JSON: one line naming it
         random.Random(1337).shuffle(rows)
         tasks.append(Task(t["label"], t["icl_task_type"], t["num_fewshot"][0],
                           t.get("continuation_delimiter", " "), baselines[t["label"]], rows[:max_per_task]))

@@ -165,8 +165,16 @@ def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"core.yaml does not exist: --bundle takes the eval bundle's folder"):
         core_eval.load_tasks(str(tmp_path))
     folder = write_core_bundle(tmp_path / "b")
+    with open(os.path.join(folder, "eval_data", "lm", "short.jsonl"), "a") as f:
+        f.write('{"context": "cut off\n')  # a damaged line: the file and line named
+    with pytest.raises(UserError, match=r"short.jsonl:13: not valid JSON"):
+        core_eval.load_tasks(folder)
     os.remove(os.path.join(folder, "eval_data", "schema.jsonl"))
     with pytest.raises(UserError, match=r"schema.jsonl does not exist: the bundle is incomplete"):
+        core_eval.load_tasks(folder)
+    with open(os.path.join(folder, "core.yaml"), "w") as f:
+        f.write("icl_tasks: [unclosed\n")
+    with pytest.raises(UserError, match=r"core.yaml: not valid YAML \("):
         core_eval.load_tasks(folder)
 
     def offline(url, path):
