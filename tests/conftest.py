@@ -155,7 +155,9 @@ def hellaswag_example(i, label=None):
     ctx = f"Example {i}: a person is standing in a kitchen and" + " then" * (i * 5 % 70)
     endings = [f"picks up a knife number {j}" + " slowly" * ((i + j) % 4) for j in range(4)]
     return {"ind": i, "activity_label": "Cooking", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
-            "split_type": "indomain", "label": (i * 7) % 4 if label is None else label, "endings": endings,
+            "split_type": "indomain", "endings": endings,
+            # not the shortest ending's index, -i % 4, except by chance: a model's accuracy is not fixed
+            "label": (i * i + i // 3) % 4 if label is None else label,
             "source_id": f"test~{i}"}
 
 
