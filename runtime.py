@@ -9,6 +9,7 @@ import datetime
 import os
 import platform
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +54,32 @@ def is_rank0():
 def print0(*args):
     if is_rank0():
         print(*args, flush=True)
+
+
+@contextlib.contextmanager
+def catch_stop_signals():
+    """While it lasts, a one-item list that SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning before the
+    time limit, --signal=USR1@SECONDS) set to their number, said at once: the step in progress finishes, a
+    checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second signal stops
+    the process at once, without a checkpoint. The handlers before are restored after."""
+    received = [0]
+
+    def handler(signum, frame):
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if received[0]:
+            os._exit(128 + signum)  # now: no checkpoint, nothing flushed
+        received[0] = signum
+        if is_rank0():  # os.write: safe inside a signal handler, unlike print
+            said = f"{name}: stopping after this step with a checkpoint; {name} again stops now without one"
+            os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
+    # SIGUSR1 does not exist on Windows
+    stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    before = {sig: signal.signal(sig, handler) for sig in stops}
+    try:
+        yield received
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
 
 
 # ---------------------------------------------------------------------------------------------- device, dtype

@@ -36,7 +36,7 @@ from model import GPT, GPTConfig
 from optimizers import make_optimizers, role_peaks, set_lr
 from plot import write_report
 from runlog import RunLog, hold_log_dir, metrics_path
-from runtime import Runtime, autocast, print0, synchronize
+from runtime import Runtime, autocast, catch_stop_signals, print0, synchronize
 from sample import sample
 from tokenizer import get_encoding, token_bytes
 
@@ -397,7 +397,8 @@ def save(run):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# stopping: what every rank agrees on after a step, the stop signals, and the failures that name their fix
+# stopping: what every rank agrees on after a step (the signals: runtime.catch_stop_signals), and the failures
+# that name their fix
 
 def agree(stop, error, rt):
     """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log
@@ -408,32 +409,6 @@ def agree(stop, error, rt):
         stop, failed = (int(v) for v in flags.tolist())
         error = runtime.broadcast_object(error) if failed else None
     return stop, error
-
-
-@contextlib.contextmanager
-def catch_stop_signals():
-    """While it lasts, a one-item list that SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning before the
-    time limit, --signal=USR1@SECONDS) set to their number, said at once: the step in progress finishes, a
-    checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second signal stops
-    the process at once, without a checkpoint. The handlers before are restored after."""
-    received = [0]
-
-    def handler(signum, frame):
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        if received[0]:
-            os._exit(128 + signum)  # now: no checkpoint, nothing flushed
-        received[0] = signum
-        if runtime.is_rank0():  # os.write: safe inside a signal handler, unlike print
-            said = f"{name}: stopping after this step with a checkpoint; {name} again stops now without one"
-            os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
-    # SIGUSR1 does not exist on Windows
-    stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-    before = {sig: signal.signal(sig, handler) for sig in stops}
-    try:
-        yield received
-    finally:
-        for sig, previous in before.items():
-            signal.signal(sig, previous)
 
 
 def diverged(run, loss, norm):
