@@ -178,13 +178,12 @@ class Prepared:
     and packed once: a training run prepares them once for all its evaluations."""
 
     def __init__(self, tasks, rt, batch_size, block_size):
-        self.tasks = tasks
-        self.task_of = [t for t, task in enumerate(tasks) for _ in task.examples]  # item -> its task
-        first = [self.task_of.index(t) if t in self.task_of else 0 for t in range(len(tasks))]
-        enc, items = get_encoding(), [None] * len(self.task_of)
-        for i in range(rt.rank, len(items), rt.world_size):  # packing.Prepared's share: encoded here only
-            t = self.task_of[i]
-            items[i] = encode(tasks[t], i - first[t], enc, block_size)
+        self.tasks, self.task_of, items, enc = tasks, [], [], get_encoding()  # task_of: item -> its task
+        for t, task in enumerate(tasks):
+            for i in range(len(task.examples)):  # packing.Prepared's share of this rank: encoded here only
+                mine = len(items) % rt.world_size == rt.rank
+                items.append(encode(task, i, enc, block_size) if mine else None)
+                self.task_of.append(t)
         self.packed = packing.Prepared(items, rt, batch_size)
 
 
