@@ -388,7 +388,7 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
         examples = hellaswag.load_examples(path)
     model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
     t0 = time.perf_counter()
-    prepared = hellaswag.Prepared(examples, rt, batch_size, model.config.block_size)
+    prepared = hellaswag.prepare(examples, rt, batch_size, model.config.block_size)
     pack = time.perf_counter() - t0
     seconds = []
     for _ in range(repeat):

@@ -138,7 +138,7 @@ def ending_losses(logits, tokens, mask):
     return total, total / keep.sum(1)
 
 
-def Prepared(examples, rt, batch_size, block_size):
+def prepare(examples, rt, batch_size, block_size):
     """The examples as this rank's packing.Prepared batches, tokenized and packed once (a training run does
     it once for all its evaluations): each example one row, its context once and its 4 endings after it."""
     items = [None] * len(examples)
@@ -150,8 +150,8 @@ def Prepared(examples, rt, batch_size, block_size):
 
 
 def evaluate(model, prepared, rt, progress=False):
-    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on the Prepared
-    examples, on the device and in the dtype of rt (a runtime.Runtime), by
+    """acc and acc_norm of model (a GPT, compiled or not, DDP's module or FSDP-sharded) on the prepared
+    examples (prepare), on the device and in the dtype of rt (a runtime.Runtime), by
     packing.evaluate: the context goes through the model once, not 4 times. Under torchrun the counts are
     summed over ranks (one all-reduce). Returns {"n", "acc", "acc_norm", "predictions": [(index, pred_sum,
     pred_mean) of this rank]}."""
@@ -214,7 +214,7 @@ def main():
     if args.unbatched:
         result, how = evaluate_unbatched(model, examples, rt, progress=True), ""
     else:
-        prepared = Prepared(examples, rt, args.batch_size or (64 if rt.kind == "cuda" else 8),
+        prepared = prepare(examples, rt, args.batch_size or (64 if rt.kind == "cuda" else 8),
                             model.config.block_size)
         how = f" (tokenizing and packing {time.time() - t0:.1f} s)"
         result = evaluate(model, prepared, rt, progress=rt.master)

@@ -31,7 +31,7 @@ from checkpoint import continue_run, load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
 from engine import Engine
 from errors import RankError, UserError, main_guard
-from hellaswag import Prepared, evaluate as hellaswag_eval, load_examples
+from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
 from model import GPT, GPTConfig
 from optimizers import make_optimizers, role_peaks, set_lr
 from plot import write_report
@@ -263,8 +263,9 @@ def load_data(s, rt):
     val = DataLoaderLite(*args, "val", s.data_root)
     examples = None
     if s.hellaswag > 0:
-        examples = Prepared(load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data"),
-                            rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
+        examples = hellaswag_prepare(load_examples(s.hellaswag_data or None, s.hellaswag,
+                                                   option="--hellaswag_data"),
+                                     rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
     core = None
     if s.core > 0:
         core = core_eval.Prepared(core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle"),

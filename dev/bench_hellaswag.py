@@ -8,7 +8,7 @@ float64 on a small CPU model (no near-ties from rounding).
     python dev/bench_hellaswag.py hellaswag_val.jsonl --batch_size 64 --repeat 3   # on a GPU: cold, then warm
     python dev/bench_hellaswag.py hellaswag_val.jsonl --check               # all 10,042: same predictions?
 
-Packed, it times tokenizing and packing (hellaswag.Prepared, once per run) apart from each evaluation;
+Packed, it times tokenizing and packing (hellaswag.prepare, once per run) apart from each evaluation;
 --no_cudnn keeps SDPA off cuDNN's attention (which builds a plan for each new shape) for an A/B.
 """
 import argparse
@@ -31,7 +31,7 @@ def main():
     parser.add_argument("data", help="hellaswag_val.jsonl")
     parser.add_argument("--n", type=int, default=None, help="the first N examples (default: all)")
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=1, help="evaluations of the same Prepared batches")
+    parser.add_argument("--repeat", type=int, default=1, help="evaluations of the same prepared batches")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no_cudnn", action="store_true", help="SDPA without cuDNN's attention")
     parser.add_argument("--unbatched", action="store_true", help="time the one-example reference instead")
@@ -42,7 +42,7 @@ def main():
     if args.check:
         model = GPT(GPTConfig(vocab_size=50304, n_layer=2, n_head=4, n_embd=128)).double().eval()
         t0 = time.time()
-        prepared = hellaswag.Prepared(examples, Runtime(), args.batch_size, model.config.block_size)
+        prepared = hellaswag.prepare(examples, Runtime(), args.batch_size, model.config.block_size)
         got = hellaswag.evaluate(model, prepared, Runtime())
         ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
         same = sum(a == b for a, b in zip(got["predictions"], ref["predictions"]))
@@ -68,7 +68,7 @@ def main():
     synchronize(rt.device)
     print(f"first forward in this process: {time.time() - t0:.2f} s")
     t0 = time.time()
-    prepared = hellaswag.Prepared(examples, rt, args.batch_size, model.config.block_size)
+    prepared = hellaswag.prepare(examples, rt, args.batch_size, model.config.block_size)
     shapes = sorted({tuple(shapes[0]) for _, shapes, _ in prepared.batches})
     print(f"prepared {len(examples)} examples in {time.time() - t0:.2f} s: {len(prepared.batches)} batches, "
           f"shapes {shapes}")

@@ -30,7 +30,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     (tests/test_gpu.py checks this on a GPU)."""
     from checkpoint import load_model
     from gpu_check import recompiles
-    from hellaswag import Prepared, evaluate, load_examples
+    from hellaswag import evaluate, load_examples, prepare
     from runtime import Runtime
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
     log = tmp_path / "compiled"
@@ -49,7 +49,7 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     for s in ref:
         assert math.isclose(got[s], ref[s], rel_tol=1e-4 if wrap == "ddp" else 1e-5), (s, got[s], ref[s])
     model = load_model(checkpoints(log)[-1]).eval()
-    eager = evaluate(model, Prepared(load_examples(data), Runtime(), 1, model.config.block_size), Runtime())
+    eager = evaluate(model, prepare(load_examples(data), Runtime(), 1, model.config.block_size), Runtime())
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
 
 

@@ -77,7 +77,7 @@ def test_a_packed_row_scores_each_ending_as_its_own_row(models):
                                                   [(len(ctx), len(ctx) + len(end)) for end in ends])
         assert tokens[:len(ctx)] == ctx and group.count(-1) >= len(ctx)  # and what all endings share
         assert len(scored) == sum(map(len, ends)) - (0 if ctx else 4)
-    prepared = hellaswag.Prepared(examples, Runtime(), 6, 1024)  # one batch, 2 padding rows
+    prepared = hellaswag.prepare(examples, Runtime(), 6, 1024)  # one batch, 2 padding rows
     [(_, _, order)] = prepared.batches
     tokens, pos, group, select, targets, owner = prepared.arrays(0, "cpu")
     assert tokens.shape[0] == 6 and tokens.shape[1] % packing.BUCKET == 0
@@ -101,7 +101,7 @@ def test_batched_equals_unbatched(models, batch_size):
     model = models
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
     ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
-    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), batch_size, model.config.block_size),
+    got = hellaswag.evaluate(model, hellaswag.prepare(examples, Runtime(), batch_size, model.config.block_size),
                              Runtime())
     assert got["predictions"] == ref["predictions"]
     assert (got["n"], got["acc"], got["acc_norm"]) == (ref["n"], ref["acc"],
@@ -113,9 +113,9 @@ def test_batched_equals_unbatched(models, batch_size):
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
     block = model.config.block_size
-    single = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4, block), Runtime())
+    single = hellaswag.evaluate(model, hellaswag.prepare(examples, Runtime(), 4, block), Runtime())
     ranks = [Runtime(rank=rank, world_size=world_size) for rank in range(world_size)]
-    parts = [hellaswag.evaluate(model, hellaswag.Prepared(examples, rt, 4, block), rt) for rt in ranks]
+    parts = [hellaswag.evaluate(model, hellaswag.prepare(examples, rt, 4, block), rt) for rt in ranks]
     indices = [i for p in parts for i, _, _ in p["predictions"]]
     assert sorted(indices) == list(range(10))  # every example once
     assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
@@ -292,7 +292,7 @@ def test_a_model_of_few_positions_evaluates_cropped_contexts(tmp_path, capsys, t
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=40, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).double().eval()
     ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
-    got = hellaswag.evaluate(model, hellaswag.Prepared(examples, Runtime(), 4, 40), Runtime())
+    got = hellaswag.evaluate(model, hellaswag.prepare(examples, Runtime(), 4, 40), Runtime())
     assert got["predictions"] == ref["predictions"] and got["n"] == 12
     data = write_jsonl(tmp_path / "hs.jsonl", [example(i) for i in range(12)])
     log = tmp_path / "log"
@@ -300,4 +300,4 @@ def test_a_model_of_few_positions_evaluates_cropped_contexts(tmp_path, capsys, t
                                    f"--hellaswag_data={data}", f"--log_dir={log}"]) == 0
     assert [r["step"] for r in records(str(log)) if "hellaswag" in r] == [2]
     with pytest.raises(UserError, match="a HellaSwag ending of .* tokens does not fit the model's block_size=4"):
-        hellaswag.Prepared(examples, Runtime(), 4, 4)
+        hellaswag.prepare(examples, Runtime(), 4, 4)
