@@ -387,8 +387,9 @@ def weights_shape(s, given, config, origin):
 def schedule_change(s, resume):
     """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
     min_lr_ratio or max_lr changed): what the next step's is on each."""
-    saved = {k: resume.meta["config"].get(k, {f.name: f.default for f in dataclasses.fields(s)}[k])
-             for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")}
+    block = {f.name: f.default for f in dataclasses.fields(s)}  # for a setting the checkpoint predates
+    saved = {k: resume.meta["config"].get(k, block[k]) for k in ("max_lr", "min_lr_ratio", "warmup_steps",
+                                                                  "max_steps")}
     changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
     if not changed:
         return None

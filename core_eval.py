@@ -210,13 +210,15 @@ def evaluate(model, prepared, rt, progress=False):
     labels = prepared.packed.labels
     right = [(i, greedy if labels[i] is None else by_mean == labels[i])
              for i, _, by_mean, greedy in packing.evaluate(model, prepared.packed, rt, "core", progress)]
-    counts = torch.zeros(len(prepared.tasks), 2, dtype=torch.long)
+    counts = [[0, 0] for _ in prepared.tasks]  # per task: examples, right
     for i, ok in right:
-        counts[prepared.task_of[i]] += torch.tensor([1, int(ok)])
+        counts[prepared.task_of[i]][0] += 1
+        counts[prepared.task_of[i]][1] += ok
     if rt.distributed:
-        counts = counts.to(rt.device)
+        counts = torch.tensor(counts, device=rt.device)
         torch.distributed.all_reduce(counts)
-    return {**summary(prepared.tasks, counts.tolist()), "predictions": right}
+        counts = counts.tolist()
+    return {**summary(prepared.tasks, counts), "predictions": right}
 
 
 @torch.no_grad()
