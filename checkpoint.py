@@ -26,7 +26,7 @@ from model import GPT, GPTConfig
 from runlog import evaluated, metrics_path, nearest_existing
 from errors import UserError, command_line, find_cause, first_line, main_guard
 from optimizers import get_lr
-from runtime import broadcast_object, print0, stop_everywhere
+from runtime import broadcast_object, print0, sharded, together
 
 # the settings that a model's weights decide
 MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
@@ -242,24 +242,20 @@ def save_run(log_dir, model, optimizers, meta, rt, keep):
     """Every rank: write a training run's state after step meta["step"] as log_dir/model_<step>.pt (rank 0
     writes; under FSDP all ranks gather) and delete all but the newest `keep`. It holds the weights, the
     optimizer states and the RNG, with meta: what else the run needs to continue (train_gpt2.py's
-    save(): settings, loader position, loss scale, clock). Returns its name for messages. A write
-    that fails is a UserError on every rank."""
-    model_state, optimizer_state = gather_state(model, optimizers)
-    name, error = f"model_{meta['step']:06d}.pt", None
-    if rt.master:
-        path = os.path.join(log_dir, name)
-        cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
-        try:
+    save(): settings, loader position, loss scale, clock). Returns its name for messages. A failure on any
+    rank (a write that fails, a gather that runs out of memory) stops every rank here (together)."""
+    name = f"model_{meta['step']:06d}.pt"
+    with together(rt, rt.patient, guard=not sharded(model)):  # the others wait here for the write
+        model_state, optimizer_state = gather_state(model, optimizers)
+        if rt.master:
+            path = os.path.join(log_dir, name)
+            cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
                              "optimizer": optimizer_state, **meta,
                              "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
-        except UserError as e:  # a failed write: every rank stops with its line
-            error = str(e)
-        else:
             for old in checkpoints(log_dir)[:-keep]:
                 os.remove(old)
             print0(f"checkpoint: {path}")
-    stop_everywhere(error, rt, rt.patient)  # the other ranks wait here for the write
     return f"{name} (step {meta['step']})"
 
 

@@ -126,8 +126,10 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
 # ------------------------------------------------------------------------------------------------ prompts
 
 def prompts(task, i):
-    """The texts to score for example i of task: one per option (multiple choice, schema), or the context
-    without and with its continuation (language modelling)."""
+    """(texts, cuts): the texts to score for example i of task, one per option (multiple choice, schema) or
+    the context without and with its continuation (language modelling), and where in each the blank line
+    after each few-shot example begins (the same offsets in every text: they share the few-shot examples),
+    places that tokens() may cut them at."""
     rows, d = task.examples, task.delimiter
     shots = []
     if task.shots:  # drawn per example, never the example itself (a subset smaller than that: all the others)
@@ -135,22 +137,55 @@ def prompts(task, i):
         shots = [rows[j] for j in random.Random(1234 + i).sample(others, min(task.shots, len(others)))]
     ex = rows[i]
     if task.kind == "multiple_choice":
-        head = "".join(f"{s['query']}{d}{s['choices'][s['gold']]}\n\n" for s in shots)
-        return [f"{head}{ex['query']}{d}{choice}" for choice in ex["choices"]]
+        head, cuts = few_shot([f"{s['query']}{d}{s['choices'][s['gold']]}" for s in shots])
+        return [f"{head}{ex['query']}{d}{choice}" for choice in ex["choices"]], cuts
     if task.kind == "schema":
-        head = "".join(f"{s['context_options'][s['gold']]}{d}{s['continuation']}\n\n" for s in shots)
-        return [f"{head}{context}{d}{ex['continuation']}" for context in ex["context_options"]]
-    head = "".join(f"{s['context'].strip()}{d}{s['continuation']}\n\n" for s in shots)
+        head, cuts = few_shot([f"{s['context_options'][s['gold']]}{d}{s['continuation']}" for s in shots])
+        return [f"{head}{context}{d}{ex['continuation']}" for context in ex["context_options"]], cuts
+    head, cuts = few_shot([f"{s['context'].strip()}{d}{s['continuation']}" for s in shots])
     without = f"{head}{ex['context'].strip()}{d}"
-    return [without.strip(), without + ex["continuation"]]
+    # strip() from the left would move the cuts: where it strips anything, none is made
+    return [without.strip(), without + ex["continuation"]], cuts if without[:1].strip() else []
 
 
-def encode(task, i, enc, block_size):
+def few_shot(examples):
+    """The few-shot examples' texts as one head, each followed by a blank line, and where each blank line
+    begins."""
+    head, cuts = "", []
+    for text in examples:
+        head += text
+        cuts.append(len(head))
+        head += "\n\n"
+    return head, cuts
+
+
+def tokens(text, cuts, enc, cache):
+    """enc.encode_ordinary(text), with the parts between its cuts encoded once each and kept in cache (a
+    few-shot example recurs in many prompts: 10-shot, in 10 examples, in each option). A cut where a character
+    that is not whitespace meets a newline is a boundary of GPT-2's pre-tokenizer wherever it is: no
+    pre-token holds a non-space character followed by whitespace (whitespace only leads one, or makes one),
+    and none looks behind its start; BPE merges within a pre-token. So the parts' tokens, joined, are the
+    whole text's. Other cuts are not made."""
+    out, start = [], 0
+    for p in cuts:
+        if 0 < p < len(text) and text[p] == "\n" and not text[p - 1].isspace():  # isspace: all Unicode's
+            part = text[start:p]
+            if part not in cache:
+                cache[part] = enc.encode_ordinary(part)
+            out += cache[part]
+            start = p
+    return out + enc.encode_ordinary(text[start:])
+
+
+def encode(task, i, enc, block_size, cache=None):
     """(token sequences, the scored span (start, end) of each, label) of example i: <|endoftext|> then the
-    prompt's tokens; the scored tokens are those after the options' common prefix (multiple choice), the
-    common suffix (schema), or the continuation (language modelling: one sequence, label None). A sequence
-    longer than block_size loses its first tokens."""
-    seqs = [[enc.eot_token] + enc.encode_ordinary(text) for text in prompts(task, i)]
+    prompt's tokens (tokens(): the few-shot examples' from cache, a dict kept per task); the scored tokens are
+    those after the options' common prefix (multiple choice), the common suffix (schema), or the continuation
+    (language modelling: one sequence, label None). A sequence longer than block_size loses its first
+    tokens."""
+    texts, cuts = prompts(task, i)
+    cache = {} if cache is None else cache
+    seqs = [[enc.eot_token] + tokens(text, cuts, enc, cache) for text in texts]
     label = task.examples[i].get("gold")
     if task.kind == "multiple_choice":
         start = common_prefix(seqs)
@@ -179,11 +214,13 @@ class Prepared:
 
     def __init__(self, tasks, rt, batch_size, block_size):
         self.tasks, self.task_of, items, enc = tasks, [], [], get_encoding()  # task_of: item -> its task
-        for t, task in enumerate(tasks):
-            for i in range(len(task.examples)):  # packing.Prepared's share of this rank: encoded here only
-                mine = len(items) % rt.world_size == rt.rank
-                items.append(encode(task, i, enc, block_size) if mine else None)
-                self.task_of.append(t)
+        with runtime.together(rt):  # an example only this rank encodes may be damaged: every rank stops
+            for t, task in enumerate(tasks):
+                cache = {}  # the task's few-shot examples, encoded once
+                for i in range(len(task.examples)):  # packing.Prepared's share of this rank: encoded here
+                    mine = len(items) % rt.world_size == rt.rank
+                    items.append(encode(task, i, enc, block_size, cache) if mine else None)
+                    self.task_of.append(t)
         self.packed = packing.Prepared(items, rt, batch_size)
 
 

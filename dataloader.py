@@ -168,16 +168,18 @@ class DataLoaderLite:
                                 f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
                                 f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
                                 "(fineweb.py --shard_size)")
+            # passed over where the shard order reaches them (_advance), not left out of it: the order, and
+            # so a saved position, does not depend on B or the number of processes
             self.skipped = [(name, len(tokens)) for (name, tokens), ok in zip(self.shards, fits) if not ok]
-            self.shards = [shard for shard, ok in zip(self.shards, fits) if ok]
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
-            if rows < 1:  # validation reads rows (read_rows), not steps
+            if rows < 1 and split == "val":  # validation reads rows (read_rows), not steps
                 raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one row of T+1 = {T + 1}: "
                                 "lower T, or give the validation split more text")
         self.row_starts = np.cumsum([0] + self.rows_per_shard)  # shard k's first row in the split's rows
         self.rows_total = int(self.row_starts[-1])
-        self.tokens_total = sum(len(t) for _, t in self.shards)
+        self.tokens_total = sum(len(t) for (_, t), rows in zip(self.shards, self.rows_per_shard)  # train on
+                                if split == "val" or rows >= rows_per_step)
         self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches a pass
         self.tokens_per_epoch = self.steps_per_epoch * rows_per_step * T  # input tokens served per epoch
         self.reset()
@@ -224,6 +226,7 @@ class DataLoaderLite:
     def reset(self):
         self.epoch, self.shard, self.row = 0, 0, 0
         self._plan()
+        self._advance()  # the first shard may be shorter than a step
 
     def state_dict(self):
         return {"epoch": self.epoch, "shard": self.shard, "row": self.row, "T": self.T, "split": self.split,
@@ -232,6 +235,12 @@ class DataLoaderLite:
 
     def load_state_dict(self, state):
         mine = self.state_dict()
+        kept = [os.path.basename(name) for (name, _), rows in zip(self.shards, self.rows_per_shard)
+                if rows >= self.B * self.world]
+        if state["shards"] != mine["shards"] and state["shards"] == kept and not self.shuffle:
+            # written before shards shorter than a step stayed in the list: its shard counts the others only
+            state = {**state, "shards": mine["shards"],
+                     "shard": mine["shards"].index(state["shards"][state["shard"]])}
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
                 raise UserError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "
@@ -252,8 +261,9 @@ class DataLoaderLite:
                      else np.arange(rows))
 
     def _advance(self):
-        """Move to the next shard (and epoch) when the current one has fewer rows left than a step takes."""
-        if self.row + self.B * self.world > len(self.rows):  # the same decision on every rank
+        """Move on to the next shard (and epoch) while the current one has fewer rows left than a step takes:
+        a shard shorter than a step is passed over (__init__ checked that one is not)."""
+        while self.row + self.B * self.world > len(self.rows):  # the same decision on every rank
             self.row, self.shard = 0, self.shard + 1
             if self.shard == len(self.shards):
                 self.shard, self.epoch = 0, self.epoch + 1

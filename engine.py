@@ -4,6 +4,7 @@ and the training run's samples all go through Engine.generate).
 """
 import copy
 import itertools
+import types
 
 import torch
 from torch.nn import functional as F
@@ -61,6 +62,15 @@ def last_positions(B, T, device):
     return torch.arange(B, device=device) * T + T - 1
 
 
+def own_copy(method):
+    """A bound method whose function has a code object of its own. Dynamo keeps at most recompile_limit (8)
+    compiled versions of one code object, and each Decoder's fixed shapes are one: with one code object
+    shared, an engine's 9th batch size would fail (fullgraph) instead of compiling."""
+    f = method.__func__
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__)  # replace(): a new code object
+    return types.MethodType(copy, method.__self__)
+
+
 def weight_storage(model):
     """Where each parameter and buffer lives: a CUDA graph replays reads of these addresses, so weights
     replaced rather than updated in place (load_state_dict(assign=True), .to(), .half()) need a new one."""
@@ -77,7 +87,8 @@ class Decoder:
         self.model, self.graph = model, None
         self.cache = KVCache(model.config, batch, dtype, device)  # its pos: the step's position, (1,)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # (B, 1)
-        self.fn = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
+        self.fn = (torch.compile(own_copy(self.decode), fullgraph=True, dynamic=False) if compile
+                   else self.decode)
         self.graphed = compile and torch.device(device).type == "cuda"
         self.storage = weight_storage(model)  # what a captured graph reads: it must not move (Engine.decoder)
 

@@ -12,18 +12,25 @@ import sys
 
 class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
+    rank = None  # set where the ranks agreed who failed (runtime.together): this rank says it, naming itself
 
 
 class RankError(UserError):
     """An expected mistake that one rank may meet alone (its GPU ran out of memory): that rank says it, with
-    its rank, whatever its LOCAL_RANK (the others see only a closed connection)."""
+    its rank, whatever its LOCAL_RANK."""
+
+
+class PeerFailed(UserError):
+    """Another rank failed where the ranks agree on failures (runtime.together): that rank says why; this one
+    stops at the same point and says nothing."""
 
 
 def main_guard(main, exit_process=None):
     """Run an entry point's main() and end the process with its exit status (None counts as 0). A UserError
-    is an expected mistake: its line goes to stderr and the status is 1. Under torchrun every rank meets the
-    same mistake, so only each node's first (LOCAL_RANK 0) says it; a RankError, which one rank may meet
-    alone, is said by the rank that met it. Ctrl-C outside a training loop (which checkpoints and stops on its
+    is an expected mistake: its line goes to stderr and the status is 1. Under torchrun a mistake every rank
+    meets is said by each node's first (LOCAL_RANK 0); one that a rank met alone (a RankError, or one the
+    ranks agreed on: its rank is set) by that rank, naming it when it is not rank 0; a PeerFailed by no one
+    (the failing rank says why). Ctrl-C outside a training loop (which checkpoints and stops on its
     own) is one line and status 130. exit_process(status, wait): how a process
     that may hold a process group ends (runtime.exit_process; after a UserError without waiting for the
     others); without it, sys.exit."""
@@ -31,8 +38,11 @@ def main_guard(main, exit_process=None):
     try:
         status = main()
     except UserError as e:
-        if isinstance(e, RankError) and "RANK" in os.environ:
-            print(f"error (rank {os.environ['RANK']}): {e}", file=sys.stderr)
+        if isinstance(e, PeerFailed):
+            pass
+        elif e.rank is not None or isinstance(e, RankError):  # met by this rank alone
+            rank = e.rank if e.rank is not None else int(os.environ.get("RANK", 0))
+            print(f"error{f' (rank {rank})' if rank else ''}: {e}", file=sys.stderr)
         elif os.environ.get("LOCAL_RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
         status, wait = 1, False

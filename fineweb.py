@@ -363,6 +363,11 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
     dt = time.time() - t0
     print(f"fineweb: {total:,} tokens in {dt:.1f}s, {total / dt:,.0f} tokens/s; {index} shards "
           f"({prefix}_val_000000.bin + {index - 1} train) in {out_dir}")
+    if not done and total > shard_size and val > total // 10:  # a corpus just past one small shard
+        print(f"NOTE: the validation split holds {val:,} of the corpus's {total:,} tokens "
+              f"({val / total:.0%}): "
+              f"past one shard it is the stream's first min(2^24, --shard_size) tokens; a --shard_size of at "
+              f"least {total:,} cuts it 90/10 instead")
 
 
 # ------------------------------------------------------------------------------------------------ download
@@ -450,7 +455,9 @@ def cli():
                         "fineweb10B_val with --speedrun_val)")
     parser.add_argument("--text_field", default="text", help="the column holding each document's text")
     parser.add_argument("--shard_size", type=lambda s: int(float(s)), default=int(1e8),
-                        help="tokens per shard")
+                        help="tokens per shard. A corpus within one shard is cut 90/10; past one, "
+                        "validation is the stream's first min(2^24, shard_size) tokens: at or below 2^24 a "
+                        "whole shard, most of a corpus just over one")
     parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--pretokenized", action="store_true",

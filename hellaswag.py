@@ -143,9 +143,10 @@ def prepare(examples, rt, batch_size, block_size):
     it once for all its evaluations): each example one row, its context once and its 4 endings after it."""
     items = [None] * len(examples)
     mine = range(rt.rank, len(examples), rt.world_size)  # packing.Prepared's share: tokenized here only
-    for i, (ctx, ends) in zip(mine, encode_all([examples[i] for i in mine], get_encoding(), block_size)):
-        spans = [(len(ctx), len(ctx) + len(end)) for end in ends]  # fit block_size
-        items[i] = ([ctx + end for end in ends], spans, examples[i]["label"])
+    with runtime.together(rt):  # an example only this rank encodes may not fit: every rank stops
+        for i, (ctx, ends) in zip(mine, encode_all([examples[i] for i in mine], get_encoding(), block_size)):
+            spans = [(len(ctx), len(ctx) + len(end)) for end in ends]  # fit block_size
+            items[i] = ([ctx + end for end in ends], spans, examples[i]["label"])
     return packing.Prepared(items, rt, batch_size)
 
 
@@ -162,7 +163,8 @@ def evaluate(model, prepared, rt, progress=False):
     if rt.distributed:
         torch.distributed.all_reduce(counts)
     n, correct, correct_norm = counts.tolist()
-    return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": predictions}
+    n_ = max(n, 1)  # 0 only on a rank of no process group (tests): the counts stay its own
+    return {"n": n, "acc": correct / n_, "acc_norm": correct_norm / n_, "predictions": predictions}
 
 
 @torch.no_grad()

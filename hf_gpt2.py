@@ -70,6 +70,9 @@ def save_pretrained(model, out_dir):
     path = os.path.join(out_dir, "model.safetensors")
     save_file({k: v.detach().float().contiguous().cpu() for k, v in sd.items()}, path + ".tmp",
               metadata={"format": "pt"})
+    umask = os.umask(0)  # reading the umask means setting it
+    os.umask(umask)
+    os.chmod(path + ".tmp", 0o666 & ~umask)  # safetensors writes 0600: the mode the other files get
     os.replace(path + ".tmp", path)
     files = {**hf_tokenizer_files(c.block_size), "config.json": json.dumps(config, indent=2)}
     for name, text in files.items():

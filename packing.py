@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from model import Packing
-from runtime import autocast
+from runtime import autocast, sharded, together
 
 BUCKET = 8  # rows are padded to a multiple of 8 tokens
 SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans (torch.compile turns the
@@ -56,6 +56,8 @@ def padded_lengths(longest, most=SHAPES):
     batches chosen to pad the fewest tokens (dynamic programming). A group never needs to end inside a run of
     equal lengths, so the program runs over the distinct lengths (tens), not the batches (thousands)."""
     m = [-(-n // BUCKET) * BUCKET for n in longest]
+    if not m:  # a rank with no items (fewer items than ranks)
+        return []
     values = sorted(set(m))  # nondecreasing m: each value one run
     counts = [m.count(v) for v in values]
     size = np.concatenate([[0], np.cumsum(counts)])  # batches in runs [0, k)
@@ -146,7 +148,16 @@ def evaluate(model, prepared, rt, desc="eval", progress=False):
     whose scored tokens have the lowest summed and the lowest mean cross-entropy, and whether the first
     sequence's scored tokens are each the model's argmax (a language-modelling item's answer). model: a GPT,
     compiled or not, DDP's module or FSDP-sharded; the device and dtype of rt (a runtime.Runtime). Every rank
-    must call it (one forward per batch, the same number on each)."""
+    must call it (one forward per batch, the same number on each); a failure on any rank is every rank's at
+    its end (runtime.together), before the callers' collectives."""
+    with together(rt, guard=not sharded(model)):
+        got = predict(model, prepared, rt, desc, progress)
+    return sorted((i, *got[k][b]) for k, (_, _, batch) in enumerate(prepared.batches)
+                  for b, i in enumerate(batch))
+
+
+def predict(model, prepared, rt, desc, progress):
+    """evaluate()'s forwards: [batch][row] = [by summed loss, by mean loss, greedy] (-1 for padding rows)."""
     device, width = rt.device, prepared.width
     # only a compiled model needs its shapes marked; without Dynamo loaded nothing here is compiled, and
     # importing it would cost an eager evaluation seconds
@@ -176,6 +187,4 @@ def evaluate(model, prepared, rt, desc="eval", progress=False):
         total = total.masked_fill(count == 0, math.inf)  # no such option (fewer than width)
         greedy = (missed[:, 0] == 0).long()
         preds[k, :n] = torch.stack([total.argmin(1), (total / count).argmin(1), greedy], 1)
-    got = preds.tolist()  # the one wait for the device
-    return sorted((i, *got[k][b]) for k, (_, _, batch) in enumerate(prepared.batches)
-                  for b, i in enumerate(batch))
+    return preds.tolist()  # the one wait for the device

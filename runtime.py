@@ -18,7 +18,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-from errors import UserError, find_cause, first_line
+from errors import PeerFailed, UserError, find_cause, first_line
 
 
 MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.txt)
@@ -290,19 +290,81 @@ def broadcast_object(obj, group=None):
     return box[0]
 
 
+@contextlib.contextmanager
+def together(rt, group=None, guard=True):
+    """A block that one rank may fail alone (its GPU runs out of memory, an item only it encodes is damaged,
+    only rank 0 writes a file), run by every rank before collectives that all must reach: at its end the
+    ranks agree, by one small all-reduce, whether any failed. The lowest rank that failed raises its own
+    error, marked as its to say (its rank set: errors.main_guard names it); every other rank raises
+    PeerFailed, which says nothing. So all ranks leave the block the same way at the same point, and none
+    waits out the collective timeout for a failure another already knows. guard=False where the block's
+    forwards are themselves collective (FSDP's gathers): a rank that fails inside one cannot agree with ranks
+    waiting in a gather, and its error goes out unagreed (the others then stop when the collective times out
+    or the failed process's connection closes: peer_lost). group: the process group to agree in."""
+    if not rt.distributed:
+        yield
+        return
+    try:
+        yield
+    except Exception as e:
+        if not guard:
+            raise
+        first = first_failure(rt, group, failed=True)
+        if first != rt.rank:  # a lower rank failed as well: it says why
+            raise PeerFailed(f"rank {first} failed") from e
+        e.rank = rt.rank
+        raise
+    first = first_failure(rt, group, failed=False)
+    if first is not None:
+        raise PeerFailed(f"rank {first} failed")
+
+
+def first_failure(rt, group, failed):
+    """The lowest rank whose block failed (failed: this rank's did), or None: one all-reduce."""
+    flag = torch.tensor([rt.rank if failed else rt.world_size], device=rt.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    first = int(flag.item())  # CPU-GPU sync point
+    return None if first == rt.world_size else first
+
+
+def sharded(model):
+    """Whether a model's forward is itself collective: FSDP2-sharded, each block gathers its parameters."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
+def agreed(e, rt):
+    """Whether the failure e is known to every rank at the same point (a together block's, or any failure of
+    a single process): the ranks can still act together on it, a checkpoint for one."""
+    return not rt.distributed or isinstance(e, PeerFailed) or getattr(e, "rank", None) is not None
+
+
 def stop_everywhere(error, rt, group=None):
-    """Rank 0's line to stop with (None: go on), raised as a UserError on every rank: one broadcast when
-    distributed, so no rank runs on into a collective the others have left."""
-    if rt.distributed:
-        error = broadcast_object(error, group)
-    if error:
-        raise UserError(error)
+    """This rank's line to stop with (None: go on), a UserError on every rank: the lowest rank with a line
+    says it, the others stop silently (together); group: the patient one where rank 0 may first spend
+    minutes on a checkpoint file."""
+    with together(rt, group):
+        if error:
+            raise UserError(error)
 
 
 def timed_out(e):
     """Whether an exception is a collective that waited out the process group's timeout for another rank
     (gloo raises it; NCCL's watchdog ends the process itself), also as the cause or context of another."""
     return find_cause(e, lambda x: isinstance(x, RuntimeError) and "timed out" in str(x).lower()) is not None
+
+
+# what a collective raises when another rank's process has ended: gloo's closed connection, NCCL's abort
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+             "communicator was aborted", "remote process exited")
+
+
+def peer_lost(e):
+    """Whether an exception is a collective that lost another rank: it timed out (the rank hangs) or the
+    rank's process ended (it failed where no agreement was possible, or was killed); also as the cause or
+    context of another."""
+    return timed_out(e) or find_cause(e, lambda x: isinstance(x, RuntimeError)
+                                      and any(words in str(x).lower() for words in PEER_GONE)) is not None
 
 
 def git_state():

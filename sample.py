@@ -27,7 +27,9 @@ def sample(engine, prompt, num_samples, max_new_tokens, temperature, top_k, seed
     tokens/s. Without it decoding runs eagerly, also where the model's regions are compiled (the training
     run's few short samples: compiling would cost more than it saves)."""
     enc = get_encoding()
-    ids = enc.encode_ordinary(prompt) or [enc.eot_token]  # an empty prompt starts a new document
+    ids = enc.encode_ordinary(prompt)
+    start = 0 if ids else 1  # an empty prompt starts a new document: <|endoftext|>, not shown in the text
+    ids = ids or [enc.eot_token]
     idx = torch.tensor([ids] * num_samples, device=rt.device)
     warm_up = 0.0
     stance = "default" if engine.compile else "force_eager"
@@ -43,7 +45,7 @@ def sample(engine, prompt, num_samples, max_new_tokens, temperature, top_k, seed
         out = engine.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
         out = out.tolist()  # waits for the device
     tok_s = num_samples * max_new_tokens / (time.time() - t0)
-    return [enc.decode(row) for row in out], tok_s, warm_up
+    return [enc.decode(row[start:]) for row in out], tok_s, warm_up
 
 
 def main():

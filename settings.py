@@ -183,7 +183,7 @@ def combine(Settings, given, rt):
     line counted as given. A setting that cannot work is a UserError."""
     cfg, given = apply_presets({**defaults(Settings), **given}, given)
     cfg, notes = apply_fallbacks(cfg, given, rt)
-    notes += validate(cfg, rt)
+    validate(cfg, rt)
     if cfg["compile"] and rt.kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
         cfg["compile"] = False
@@ -242,7 +242,7 @@ def apply_fallbacks(cfg, given, rt):
 
 def validate(cfg, rt):
     """The first setting that cannot work is a UserError naming the fix, raised before any model or log_dir
-    exists. Returns NOTEs on settings that work but are likely mistakes."""
+    exists (settings that work but are likely mistakes get their NOTE in fit)."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
     if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
@@ -280,10 +280,6 @@ def validate(cfg, rt):
         raise UserError(f"--B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
                         f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes: use one of "
                         f"{', '.join(map(str, fits[:6]))}")
-    if cfg["max_steps"] < cfg["warmup_steps"] and not cfg["eval_only"]:
-        return [f"max_steps={cfg['max_steps']} < warmup_steps={cfg['warmup_steps']}: the learning rate never "
-                f"reaches max_lr (lower --warmup_steps)"]
-    return []
 
 
 def micro_batches(total_batch_size, T, world_size):
@@ -331,6 +327,9 @@ def one_validation_pass(s):
         raise UserError(f"--val_tokens={s.val_tokens} is less than one row of T={s.T} tokens: give at least "
                         f"{s.T}")
     rows = split_rows(s.data_root, "val", s.T)
+    if rows == 0:  # nothing to evaluate on: stop before saying what would be evaluated
+        raise UserError(f"the validation split of {s.data_root} holds no row of T+1 = {s.T + 1} tokens: "
+                        "lower T, or give it more text")
     if s.val_tokens // s.T <= rows:
         return s, []
     return dataclasses.replace(s, val_tokens=rows * s.T), [

@@ -30,13 +30,13 @@ from accounting import Clock, duration, mfu, peak_flops
 from checkpoint import continue_run, load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
 from engine import Engine
-from errors import RankError, UserError, main_guard
+from errors import PeerFailed, RankError, UserError, main_guard
 from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
 from model import GPT, GPTConfig
 from optimizers import make_optimizers, role_peaks, set_lr
 from plot import write_report
 from runlog import RunLog, hold_log_dir, metrics_path
-from runtime import Runtime, autocast, catch_stop_signals, print0, synchronize
+from runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
 from sample import sample
 from tokenizer import get_encoding, token_bytes
 
@@ -123,14 +123,15 @@ def main(argv=None):
         with run.log:
             evaluate(run)
         return 0
-    if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
-        evaluate_or_stop(run, run.last_checkpoint)
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
 
     # ---------------------------------------------------------------------------------------- training loop
-    with run.log, catch_stop_signals() as stop_signal, out_of_memory_hint(s, rt), peer_timeout_hint(run):
+    with run.log, catch_stop_signals() as stop_signal, out_of_memory_hint(run), peer_timeout_hint(run):
+        if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
+            evaluate_or_stop(run, run.last_checkpoint)
         while run.step < s.max_steps:
             t0 = time.time()
+            run.doing = f"in step {run.step + 1}"
             runtime.reset_peak_memory(rt.device)  # this step's peak, not the run's (evaluations differ)
             lr = set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
             scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
@@ -162,6 +163,7 @@ def main(argv=None):
             last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
+                run.doing = f"writing step {step}'s checkpoint"
                 run.last_checkpoint = save(run)
             if (step % s.eval_interval == 0 or last) and not stop:  # a stop does not wait for an evaluation
                 evaluate_or_stop(run, run.last_checkpoint if saved else None)
@@ -204,6 +206,7 @@ class Run:
     clock: Clock
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
+    doing: str = "starting"  # what the loop is doing, for messages: "in step 5", "evaluating step 4"
 
     @property
     def accum_steps(self):
@@ -412,6 +415,14 @@ def agree(stop, error, rt):
     return stop, error
 
 
+def resume_hint(run):
+    """What the same command does next, for messages."""
+    if run.last_checkpoint == "none yet":
+        return "No checkpoint yet: the same command starts the run again"
+    return (f"The newest checkpoint is {run.last_checkpoint}; the same command resumes from it (torchrun "
+            "--max-restarts does by itself)")
+
+
 def diverged(run, loss, norm):
     """A non-finite loss or gradient norm (the step was not applied): said, logged, exit status 1."""
     print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {run.step + 1}: stopped before "
@@ -422,36 +433,37 @@ def diverged(run, loss, norm):
 
 
 @contextlib.contextmanager
-def out_of_memory_hint(s, rt):
-    """The GPU running out of memory in a step or an evaluation (also inside compiled code) is a UserError
-    naming the B to try; other errors pass through."""
+def out_of_memory_hint(run):
+    """The GPU running out of memory in a step or a checkpoint (also inside compiled code) is a RankError
+    naming the B to try; other errors pass through (an evaluation's: evaluate_or_stop)."""
     try:
         yield
     except Exception as e:
         if not runtime.is_out_of_memory(e):
             raise
+        s, rt = run.s, run.rt
         est = settings.memory_estimate(s, rt, s.B) / 2**30
         smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
         of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
         fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
                "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
-        raise RankError(f"out of memory at B={s.B}, T={s.T} (estimated {est:.1f} GiB per process{of}): "
-                        f"{fix}") from None
+        raise RankError(f"out of memory {run.doing} at B={s.B}, T={s.T} (estimated {est:.1f} GiB per "
+                        f"process{of}): {fix}. {resume_hint(run)}") from None
 
 
 @contextlib.contextmanager
 def peer_timeout_hint(run):
-    """A collective that waited collective_timeout for another process (one that failed, hangs or was
-    stopped) is a UserError naming the step and the newest checkpoint; other errors pass through."""
+    """A collective that lost another process (it hangs, and this one waited collective_timeout; or it ended:
+    it failed where the ranks could not agree, and said why, or was killed) is a UserError naming what this
+    process was doing and the newest checkpoint; other errors pass through."""
     try:
         yield
     except Exception as e:
-        if not runtime.timed_out(e):
+        if not runtime.peer_lost(e):
             raise
-        raise UserError(f"no answer from another process for {run.s.collective_timeout} s "
-                        f"(--collective_timeout) at step {run.step + 1}: it failed, hangs or was stopped. "
-                        f"The newest checkpoint is {run.last_checkpoint}; the same command resumes from it "
-                        "(torchrun --max-restarts does by itself)") from None
+        why = (f"no answer from another process for {run.s.collective_timeout} s (--collective_timeout)"
+               if runtime.timed_out(e) else "another process ended (its own line says why, if it could)")
+        raise UserError(f"{why} while this one was {run.doing}. {resume_hint(run)}") from None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -470,17 +482,18 @@ def validation_loss(model, loader, rows, B, rt):
     mine = max(0, min(rows - first, share))
     nats = torch.zeros(2, device=rt.device)  # all targets' losses; those of the targets that are text
     counts = torch.zeros(2, dtype=torch.long, device=rt.device)  # targets; their UTF-8 bytes
-    for start in range(0, share, B):
-        n = max(0, min(B, mine - start))  # rows of this rank's share in this batch; the rest is padding
-        x, y = loader.read_rows([first + start + i if i < n else 0 for i in range(B)])
-        y = y.to(rt.device).view(-1)  # (B*T,)
-        with autocast(rt.device, rt.dtype):
-            _, losses = model(x.to(rt.device), y, reduction="none")  # (B*T,)
-        keep = (torch.arange(B, device=rt.device) < n).repeat_interleave(loader.T)  # (B*T,) not padding
-        losses, nbytes = torch.where(keep, losses, 0.0), text_bytes[y] * keep
-        nats += torch.stack([losses.sum(), (losses * (nbytes > 0)).sum()]).float()  # a mask: no sync
-        counts[0] += keep.sum()
-        counts[1] += nbytes.sum()
+    with together(rt, guard=not sharded(model)):  # a rank that fails here stops every rank, before the sums
+        for start in range(0, share, B):
+            n = max(0, min(B, mine - start))  # rows of this rank's share in this batch; the rest is padding
+            x, y = loader.read_rows([first + start + i if i < n else 0 for i in range(B)])
+            y = y.to(rt.device).view(-1)  # (B*T,)
+            with autocast(rt.device, rt.dtype):
+                _, losses = model(x.to(rt.device), y, reduction="none")  # (B*T,)
+            keep = (torch.arange(B, device=rt.device) < n).repeat_interleave(loader.T)  # (B*T,) not padding
+            losses, nbytes = torch.where(keep, losses, 0.0), text_bytes[y] * keep
+            nats += torch.stack([losses.sum(), (losses * (nbytes > 0)).sum()]).float()  # a mask: no sync
+            counts[0] += keep.sum()
+            counts[1] += nbytes.sum()
     if rt.distributed:
         dist.all_reduce(nats)
         dist.all_reduce(counts)
@@ -508,7 +521,8 @@ def evaluate(run):
         records.append({"step": run.step, "core": core["core"],
                         "core_tasks": {label: t["accuracy"] for label, t in core["tasks"].items()}})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)
-    samples, _, _ = sample(Engine(models.raw), SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
+    with together(rt, guard=not sharded(models.raw)):
+        samples, _, _ = sample(Engine(models.raw), SAMPLE_PROMPT, 4, 24, 1.0, 50, s.seed, rt)
     for text in samples:
         print0(f"sample: {text!r}")
     run.log.log(records + [{"step": run.step, "samples": samples}])
@@ -516,22 +530,32 @@ def evaluate(run):
 
 
 def evaluate_or_stop(run, checkpoint):
-    """evaluate(), and if it fails, nothing lost: the step's state is on disk before the run stops (written
-    now where `checkpoint`, the name of the step's checkpoint, is None), unless another process hangs.
-    Running out of memory is then a UserError naming eval_B; any other error keeps its traceback after a line
-    naming the checkpoint."""
+    """evaluate(), and if it fails on any rank, nothing lost: every rank knows it at the same point (each part
+    of evaluate() agrees before its collectives: runtime.together), and all write the step's state together
+    before they stop (where `checkpoint`, the name of the step's checkpoint, is None). Not where no agreement
+    was possible (a rank lost, or one that failed inside FSDP's collective forwards): the newest checkpoint
+    stands. The failing rank says why, once: running out of memory is a RankError naming eval_B; another
+    failure keeps its traceback after a line naming the checkpoint."""
+    run.doing = f"evaluating step {run.step}"
     try:
         evaluate(run)
     except Exception as e:
-        step, eval_B = run.step, run.s.eval_B or run.s.B
-        if runtime.timed_out(e):  # another process hangs: no checkpoint can be agreed on (peer_timeout_hint)
+        step, eval_B, rt = run.step, run.s.eval_B or run.s.B, run.rt
+        if runtime.agreed(e, rt):  # every rank is here: they write the step's state together
+            checkpoint = checkpoint or save(run)
+        elif runtime.peer_lost(e):  # peer_timeout_hint says it
             raise
-        checkpoint = checkpoint or save(run)
+        where = (f"the step is in {checkpoint}; rerun the same command, which evaluates step {step} first"
+                 if checkpoint else f"the newest checkpoint is {run.last_checkpoint}; rerun the same command")
+        if isinstance(e, PeerFailed):  # the rank that failed says why
+            raise
         if runtime.is_out_of_memory(e):
-            raise RankError(f"out of memory evaluating step {step} at eval_B={eval_B}: the step is in "
-                            f"{checkpoint}; lower --eval_B (or --hellaswag) and rerun the same command, "
-                            f"which evaluates step {step} first") from None
-        print0(f"error: evaluating step {step} failed (the traceback follows); the step is in {checkpoint}")
+            raise RankError(f"out of memory evaluating step {step} at eval_B={eval_B}: lower --eval_B (or "
+                            f"--hellaswag, --core); {where}") from None
+        if isinstance(e, UserError):  # its own line (a log that cannot be written)
+            raise
+        print(f"error{f' (rank {rt.rank})' if rt.rank else ''}: evaluating step {step} failed (the traceback "
+              f"follows); {where}", flush=True)
         raise
 
 

@@ -123,7 +123,7 @@ def test_packed_equals_the_one_example_reference(model, bundle):
     assert [t.label for t in tasks] == ["mc_zeroshot", "mc_fewshot", "schema", "lm_short", "lm_long", "lm_greedy"]
     enc = get_encoding()
     long = tasks[4]
-    assert all(len(enc.encode_ordinary(core_eval.prompts(long, i)[1])) > BLOCK for i in range(len(long.examples)))
+    assert all(len(enc.encode_ordinary(core_eval.prompts(long, i)[0][1])) > BLOCK for i in range(len(long.examples)))
     got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 3, BLOCK), Runtime())
     ref = reference(model, bundle)
     flat = [ok for right, _ in ref.values() for ok in right]
@@ -254,3 +254,34 @@ def test_padded_lengths_are_few_and_pad_the_least():
     assert padding(packing.padded_lengths(sample), sample) == min(row[-1] for row in best)
 
 
+
+
+def test_few_shot_prompts_encode_as_their_whole_texts():
+    """core_eval.tokens encodes each few-shot example once and joins the parts: on prompts made to stress the
+    cuts (spaces and other whitespace at either end, the delimiters "", " ", "\\n" and "\\nAnswer: ", digits,
+    punctuation, contractions, non-ASCII, choices without a leading space), every prompt's tokens are its whole
+    text's, and the few-shot parts came from the cache."""
+    enc = get_encoding()
+    bits = ["word", "word ", " word", "12", " 3.5", "!", "?!", " ", "\t", "\n", "é", "日本", "🙂", "'s", "don't",
+            "  ", "\u00a0", "\u2028", "a\n", "\n\n", "x\r", "\x1c", "Answer:", "end."]
+    rng = random.Random(0)
+
+    def text():
+        return "".join(rng.choice(bits) for _ in range(rng.randint(1, 5)))
+    made = 0
+    for delim in ("", " ", "\n", "\nAnswer: "):
+        rows = {"multiple_choice": [{"query": text(), "choices": [text() for _ in range(3)], "gold": j % 3}
+                                    for j in range(12)],
+                "schema": [{"context_options": [text(), text()], "continuation": text(), "gold": j % 2}
+                           for j in range(12)],
+                "language_modeling": [{"context": text(), "continuation": text()} for j in range(12)]}
+        for kind, examples in rows.items():
+            task = core_eval.Task("t", kind, 5, delim, 0.0, examples)
+            cache = {}
+            for i in range(len(examples)):
+                texts, cuts = core_eval.prompts(task, i)
+                for t in texts:
+                    assert core_eval.tokens(t, cuts, enc, cache) == enc.encode_ordinary(t), (delim, kind, t)
+                    made += 1
+            assert cache, (delim, kind)  # some cuts were made
+    assert made == 4 * 12 * (3 + 2 + 2)

@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 import pytest
 
 import fineweb
@@ -738,6 +739,26 @@ def test_a_train_shard_shorter_than_a_step_is_skipped_with_a_note(tmp_path, caps
     assert "NOTE: m_train_000002.bin (200 tokens) is shorter than a step (257 tokens): not trained on" in said
 
 
+def test_a_resume_on_another_process_count_passes_over_the_shards_too_short_for_its_step(tmp_path):
+    """Which train shards are shorter than a step depends on B x processes; they stay in the shard order and
+    the saved state (passed over where the order reaches them), so a resume with another process count keeps
+    its position (refused at db9da80: the saved list of shards differed)."""
+    root = toy_shards(tmp_path)  # train shards of 3001, 5003, 4100 and 2600 tokens
+    two = DataLoaderLite(4, 512, 0, 2, data_root=root)  # a step: 4097 tokens, shards 1 and 4 passed over
+    one = DataLoaderLite(4, 512, 0, 1, data_root=root)  # 2049: every shard serves
+    for _ in range(2):
+        two.next_batch()
+    one.load_state_dict(two.state_dict())
+    assert (one.epoch, one.shard, one.row) == (two.epoch, two.shard, two.row)
+    assert torch.equal(one.next_batch()[0], two.next_batch()[0])  # rank 0's next B rows either way
+    one.reset()  # at the start of shard 1, which two processes pass over: they go on at shard 2
+    two.load_state_dict(one.state_dict())
+    assert os.path.basename(two.shards[two.current][0]) == "toy_train_000002.bin" and two.row == 0
+    old = {**one.state_dict(), "shards": ["toy_train_000002.bin", "toy_train_000003.bin"], "shard": 1}
+    two.load_state_dict(old)  # as db9da80 saved it (the shards that fit a step only): its shard 1 is shard 3
+    assert os.path.basename(two.shards[two.current][0]) == "toy_train_000003.bin"
+
+
 @pytest.mark.slow
 def test_a_bad_byte_late_in_the_input_is_found_before_any_shard(tmp_path, monkeypatch):
     """A non-UTF-8 file at the end of the input stopped fineweb.py after the shards before it were written,
@@ -796,3 +817,17 @@ def test_validation_is_a_small_share_past_one_shard(tmp_path, monkeypatch):
     one = make(tmp_path / "one", shard_size=len(stream))  # exactly one shard: 90/10, as a data_root file
     val, train = (load_shard(p) for p in shards_of(one))
     assert len(train) == split_point(len(stream)) and np.array_equal(np.concatenate([train, val]), stream)
+
+
+def test_a_validation_split_of_most_of_the_corpus_is_said(tmp_path, capsys):
+    """A corpus just past one shard of at most 2^24 tokens validates on a whole shard, most of it: a NOTE says
+    so and names the --shard_size that cuts it 90/10; --help says it too. One shard plenty past: no NOTE."""
+    stream = reference(DOCS)
+    make(tmp_path / "over", shard_size=len(stream) - 1)
+    out = capsys.readouterr().out
+    assert (f"NOTE: the validation split holds {len(stream) - 1:,} of the corpus's {len(stream):,} tokens "
+            f"(100%)") in out and f"a --shard_size of at least {len(stream):,} cuts it 90/10 instead" in out
+    make(tmp_path / "many", shard_size=len(stream) // 20)
+    assert "NOTE" not in capsys.readouterr().out
+    r = subprocess.run([sys.executable, "fineweb.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert "most of a corpus just over one" in " ".join(r.stdout.split())

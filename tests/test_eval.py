@@ -133,3 +133,35 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
         train_gpt2.main(args + ["--eval_only=True", f"--init_from={d / 'hf'}",
                                 f"--log_dir={tmp_path / 'train'}"])
     assert not os.path.exists(tmp_path / "x")  # refused before any log_dir is made
+
+
+@pytest.mark.slow
+def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tmp_path, text):
+    """The command users run, at --nproc_per_node=8 on gloo (a tiny model): 2 steps of 8 rows (one a rank),
+    a checkpoint, and an evaluation divided over the 8 unevenly (9 validation rows: shares of 2 and 1 and
+    none; 7 HellaSwag examples: one rank has none; CORE's 5 tasks of 3), then the same run resumed on 2
+    processes to step 4. Every step's loss and the validation loss are one process's to float rounding (each
+    step reads the same rows, each row once), HellaSwag's and CORE's accuracies are equal."""
+    from conftest import TINY, write_core_bundle
+    data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
+    bundle = write_core_bundle(tmp_path / "bundle", n=3)
+    args = TINY + [f"--data_root={text}", "--total_batch_size=1024", "--val_tokens=288", "--eval_interval=2",
+                   "--checkpoint_interval=2", "--hellaswag=7", f"--hellaswag_data={data}", "--core=3",
+                   f"--core_bundle={bundle}"]
+    import train_gpt2
+    for steps in (2, 4):  # the reference: one process, the same resume
+        assert train_gpt2.main(args + [f"--max_steps={steps}", f"--log_dir={tmp_path / 'one'}"]) == 0
+    log = tmp_path / "log"
+    r = train(args + ["--max_steps=2", f"--log_dir={log}"], cwd=tmp_path, nproc=8)
+    assert "1,024 tokens = 4 x 32 x 8 processes x 1 accumulation steps" in r.stdout
+    r = train(args + ["--max_steps=4", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
+    assert "resuming from" in r.stdout and "4 x 32 x 2 processes x 4 accumulation steps" in r.stdout
+    got, want = records(log), records(tmp_path / "one")
+    for key in ("loss", "val_loss", "val_bpb", "hellaswag", "core"):
+        ours, theirs = ([(rec["step"], rec[key]) for rec in recs if key in rec and "event" not in rec]
+                        for recs in (got, want))
+        assert [s for s, _ in ours] == [s for s, _ in theirs] == ([1, 2, 3, 4] if key == "loss" else [2, 4])
+        assert all(math.isclose(a, b, rel_tol=1e-5) for (_, a), (_, b) in zip(ours, theirs)), (key, ours, theirs)
+        if key in ("hellaswag", "core"):
+            assert [v for _, v in ours] == [v for _, v in theirs]
+    assert [rec["hellaswag_n"] for rec in got if "hellaswag_n" in rec] == [7, 7]

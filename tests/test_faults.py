@@ -6,13 +6,14 @@ import math
 import os
 import shutil
 import textwrap
+import time
 
 import pytest
 import torch
 
 import train_gpt2
 from checkpoint import checkpoints
-from conftest import TINY, losses, records, run_args
+from conftest import TINY, losses, records, run_args, train
 from errors import UserError
 
 
@@ -54,8 +55,8 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     with pytest.raises(RankError) as e:
         train_gpt2.main(args + [f"--log_dir={log}"])
     assert "evaluating that step first: its evaluation is not in the log" in capsys.readouterr().out
-    assert str(e.value) == ("out of memory evaluating step 6 at eval_B=4: the step is in model_000006.pt "
-                            "(step 6); lower --eval_B (or --hellaswag) and rerun the same command, which "
+    assert str(e.value) == ("out of memory evaluating step 6 at eval_B=4: lower --eval_B (or --hellaswag, "
+                            "--core); the step is in model_000006.pt (step 6); rerun the same command, which "
                             "evaluates step 6 first")
     assert os.path.basename(checkpoints(log)[-1]) == "model_000006.pt"  # written before the evaluation
 
@@ -255,3 +256,110 @@ def test_a_full_disk_under_torchrun_stops_every_rank_in_one_line(tmp_path, text)
     assert r.stdout.count("Traceback") == 1 and "ChildFailedError" in r.stdout  # torchrun's own report only
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000002.pt"]
     assert not glob.glob(str(log / "*.tmp")) and max(losses(log)) == 4
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one rank fails alone (tests/workers/sitecustomize_fault.py injects it into rank 1 of a real torchrun run)
+
+def fault_env(tmp_path, fault):
+    """The environment of a torchrun run whose rank 1 fails at `fault` (None: no fault)."""
+    from conftest import ROOT
+    site = tmp_path / "site"
+    if not site.exists():
+        site.mkdir()
+        shutil.copy(os.path.join(ROOT, "tests", "workers", "sitecustomize_fault.py"), site / "sitecustomize.py")
+    return {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FAULT": fault or "",
+            "FAULT_ROOT": ROOT}
+
+
+def eval_args(tmp_path, text):
+    """A 6-step run with every evaluation (validation, 7 HellaSwag examples, CORE's 5 tasks of 3): evaluations
+    after steps 3 and 6, checkpoints after 2, 4 and 6."""
+    from conftest import hellaswag_example, write_core_bundle, write_jsonl
+    data = write_jsonl(tmp_path / "hellaswag.jsonl", [hellaswag_example(i) for i in range(7)])
+    bundle = write_core_bundle(tmp_path / "bundle", n=3)
+    return TINY + [f"--data_root={text}", "--max_steps=6", "--eval_interval=3", "--checkpoint_interval=2",
+                   "--hellaswag=7", f"--hellaswag_data={data}", "--core=3", f"--core_bundle={bundle}"]
+
+
+TIMEOUT = 120  # --collective_timeout of these runs: each ends well before it (no rank waits it out)
+
+
+@pytest.mark.slow
+def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_the_same_command_resumes(tmp_path, text):
+    """2 gloo ranks; rank 1 alone fails at each phase a run passes through, one launch each, every launch the
+    same command: start-up (its share of HellaSwag does not fit), the first step, a checkpoint's gather,
+    validation, HellaSwag, CORE, the samples (a bug: a traceback) and the last step. Each launch exits 1 well
+    within the collective timeout, rank 1's line is said once and names its rank, metrics.jsonl reads whole,
+    and the newest checkpoint verifies: an evaluation's failure leaves its step's checkpoint (written by both
+    ranks together), a step's the one before. The last launch, without a fault, finishes with the losses of
+    one process."""
+    from checkpoint import load_checkpoint
+    log = tmp_path / "log"
+    args = eval_args(tmp_path, text) + [f"--log_dir={log}", f"--collective_timeout={TIMEOUT}"]
+    oom3 = "error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B (or --hellaswag, " \
+           "--core); the step is in model_000003.pt (step 3); rerun the same command, which evaluates step 3 first"
+    phases = [  # fault, rank 1's line, whether rank 0 met the failure in a collective (its own line), newest
+        ("startup", "error (rank 1): a HellaSwag ending of 99 tokens does not fit the model's block_size=1024",
+         False, None),
+        ("step", "error (rank 1): out of memory in step 1 at B=4, T=32", True, None),
+        ("checkpoint", "error (rank 1): out of memory writing step 2's checkpoint at B=4, T=32", False, 2),
+        ("val", oom3, False, 3),
+        ("hellaswag", oom3, False, 3),
+        ("core", oom3, False, 3),
+        ("bug:samples", "error (rank 1): evaluating step 3 failed (the traceback follows); the step is in "
+                        "model_000003.pt (step 3)", False, 3),
+        ("step:3", "error (rank 1): out of memory in step 6 at B=4, T=32", True, 4),  # 4, 5, 6 after the resume
+    ]
+    for fault, said, collective, newest in phases:
+        t0 = time.time()
+        r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, fault))
+        took, out = time.time() - t0, r.stdout
+        errors = [line for line in out.splitlines() if line.startswith("error")]
+        assert r.returncode == 1 and took < TIMEOUT, (fault, took, out[-3000:])
+        assert errors[0].startswith(said) and sum(said in line for line in out.splitlines()) == 1, (fault, errors)
+        if collective:  # rank 0 was in a collective with it: the run stops when the connection closes
+            assert len(errors) == 2 and errors[1].startswith("error: another process ended (its own line says "
+                                                             "why, if it could) while this one was in step ")
+        else:  # the ranks agreed: rank 0 stops silently
+            assert len(errors) == 1, (fault, errors)
+        assert out.count("Traceback") == 1 + fault.startswith("bug:"), (fault, out[-3000:])  # torchrun's own
+        if fault == "startup":  # before anything is written
+            assert not log.exists()
+            continue
+        records(log)  # one reader: a damaged line is an error
+        names = [os.path.basename(p) for p in checkpoints(log)]
+        assert names[-1:] == ([f"model_{newest:06d}.pt"] if newest else []), (fault, names)
+        if newest:
+            load_checkpoint(str(log / names[-1]))  # whole: it verifies
+    r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, None))
+    assert r.returncode == 0 and "resuming from" in r.stdout, r.stdout[-3000:]
+    assert [r["step"] for r in records(log) if "val_loss" in r] == [3, 6]  # each evaluation logged once
+    assert [r["step"] for r in records(log) if "core" in r] == [3, 6]
+    one = tmp_path / "one"
+    assert train_gpt2.main([a for a in args if not a.startswith("--log_dir")] + [f"--log_dir={one}"]) == 0
+    ours, theirs = losses(log), losses(one)
+    assert sorted(ours) == list(range(1, 7)) and all(math.isclose(ours[k], theirs[k], rel_tol=1e-5) for k in ours)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkpoint_intact(tmp_path, text):
+    """Under FSDP every forward gathers: a rank that fails inside one cannot agree with the ranks waiting in
+    the gather (docs/training.md). Rank 1 runs out of memory in HellaSwag at step 3: it says so and ends; rank
+    0's gather loses it and stops in one line; the run exits 1 within the timeout, and step 2's checkpoint (no
+    checkpoint is due at step 3) is the newest and verifies."""
+    from checkpoint import load_checkpoint
+    log = tmp_path / "log"
+    args = eval_args(tmp_path, text) + [f"--log_dir={log}", f"--collective_timeout={TIMEOUT}", "--fsdp=True"]
+    t0 = time.time()
+    r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, "hellaswag"))
+    errors = [line for line in r.stdout.splitlines() if line.startswith("error")]
+    assert r.returncode == 1 and time.time() - t0 < TIMEOUT, r.stdout[-3000:]
+    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B (or "
+                                "--hellaswag, --core); the newest checkpoint is model_000002.pt (step 2)"), errors
+    assert errors[1:] == ["error: another process ended (its own line says why, if it could) while this one was "
+                          "evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the same command "
+                          "resumes from it (torchrun --max-restarts does by itself)"], errors
+    assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000002.pt"]
+    load_checkpoint(str(log / "model_000002.pt"))
+    assert max(losses(log)) == 3

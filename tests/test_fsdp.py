@@ -202,7 +202,7 @@ def test_a_stopped_worker_times_out_and_torchrun_restarts_the_run(runs, tmp_path
     assert agent.returncode == 0, out[-3000:]
     said = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and said[0].startswith("error: no answer from another process for 3 s "
-                                                 "(--collective_timeout) at step "), out[-3000:]
+                                                 "(--collective_timeout) while this one was "), out[-3000:]
     assert "The newest checkpoint is model_000004.pt (step 4)" in said[0] and 3 <= waited < 30, waited
     starts = [r for r in records(log) if r.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # restarted once, from a checkpoint

@@ -122,6 +122,19 @@ def test_ranks_split_examples_once(model, world_size):
     assert sum(p["n"] for p in parts) == 10  # (no process group: counts stay per rank)
 
 
+def test_fewer_examples_than_ranks(model):
+    """3 examples over 4 ranks: rank 3 has none and still runs its padding batch (an IndexError in
+    packing.padded_lengths at db9da80), the others one each."""
+    examples = [hellaswag.normalize(example(i), "t") for i in range(3)]
+    block = model.config.block_size
+    single = hellaswag.evaluate(model, hellaswag.prepare(examples, Runtime(), 4, block), Runtime())
+    ranks = [Runtime(rank=rank, world_size=4) for rank in range(4)]
+    parts = [hellaswag.evaluate(model, hellaswag.prepare(examples, rt, 4, block), rt) for rt in ranks]
+    assert [len(p["predictions"]) for p in parts] == [1, 1, 1, 0]
+    assert sorted(pred for p in parts for pred in p["predictions"]) == single["predictions"]
+    assert packing.padded_lengths([]) == []
+
+
 def test_labels_and_bad_examples(tmp_path):
     assert hellaswag.normalize({**example(0), "label": "2"}, "x")["label"] == 2  # the HF copy's str labels
     for bad, match in [({**example(0), "label": "x"}, "integer "

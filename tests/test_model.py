@@ -600,3 +600,17 @@ def test_rotary_needs_an_even_head_size():
         GPTConfig(n_layer=1, n_head=4, n_embd=12, rotary=True)
     GPTConfig(n_layer=1, n_head=4, n_embd=12)  # learned positions: any head size
 
+
+
+def test_exported_files_get_the_same_mode(tmp_path):
+    """safetensors writes its file 0600; the export gives model.safetensors the mode the other files get (the
+    umask's), so whoever may read config.json may read the weights (0600 at db9da80)."""
+    import stat
+    umask = os.umask(0o022)
+    try:
+        hf_gpt2.save_pretrained(GPT(GPTConfig(block_size=16, vocab_size=512, n_layer=1, n_head=2, n_embd=16)),
+                                str(tmp_path))
+    finally:
+        os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert set(modes.values()) == {0o644} and "model.safetensors" in modes, modes

@@ -508,8 +508,9 @@ def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, tex
     with pytest.raises(RankError) as e:  # one GPU may run out alone: that rank says it (errors.main_guard)
         train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=2", f"--log_dir={tmp_path}"])
     msg = str(e.value)
-    assert msg.startswith("out of memory at B=4, T=32 (estimated ") and "\n" not in msg, msg
-    assert msg.endswith("GiB per process): try --B=2 (gradient accumulation keeps total_batch_size)"), msg
+    assert msg.startswith("out of memory in step 1 at B=4, T=32 (estimated ") and "\n" not in msg, msg
+    assert msg.endswith("GiB per process): try --B=2 (gradient accumulation keeps total_batch_size). No "
+                        "checkpoint yet: the same command starts the run again"), msg
 
 
 @pytest.mark.slow
@@ -701,6 +702,20 @@ def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_
     assert (tmp_path / "metrics.1.jsonl").read_text().count("\n") == 4  # kept as it was
 
 
+def test_a_short_run_and_a_tiny_corpus_say_each_thing_once(tmp_path, capsys, text):
+    """max_steps below warmup_steps: one NOTE (db9da80 said it twice, in two wordings). A corpus whose
+    validation split holds no row: one line, without the NOTE about evaluating on its rows before it."""
+    assert train_gpt2.main(TINY + ["--max_steps=1", f"--data_root={text}", f"--log_dir={tmp_path / 'a'}"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE")]
+    assert sum("warmup_steps" in line for line in notes) == 1, notes
+    small = tmp_path / "small.txt"
+    small.write_text("To be, or not to be. " * 40)
+    with pytest.raises(UserError, match=r"^the validation split of .*small.txt holds no row of T\+1 = 65 "
+                                        "tokens: lower T, or give it more text$"):
+        train_gpt2.main(TINY + [f"--data_root={small}", "--T=64", "--max_steps=1", f"--log_dir={tmp_path / 'b'}"])
+    assert "evaluating on those" not in capsys.readouterr().out
+
+
 def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     """What start-up lowers to fit (val_tokens to the validation split) is lowered again on the resume, not
     a change; ./x is x; a run whose warm-up outlasts it says so."""
@@ -744,7 +759,8 @@ def test_rank_without_local_rank(monkeypatch):
 @pytest.mark.slow
 def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
     """Some network filesystems have no flock (ENOSYS): filelock 3.x then raised NotImplementedError out of
-    the log_dir lock; 4.x falls back to a lock file that records its owner, and requirements.txt asks for it.
+    the log_dir lock; 4.x falls back to a lock file that records its owner (from 4.1 on one that excludes:
+    with 4.0.12 the second holder below gets it too), and requirements.txt asks for it.
     A second holder is still refused."""
     import errno
     import fcntl
@@ -757,7 +773,7 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="flock not supported on this filesystem, falling back"):
         assert runlog.lock(str(tmp_path / "log"), create=True) is None
     with open(os.path.join(ROOT, "requirements.txt")) as f:
-        assert re.search(r"^filelock>=4", f.read(), re.M)
+        assert re.search(r"^filelock>=4\.1", f.read(), re.M)  # 4.0.x: the second holder gets it too
     other = subprocess.run([sys.executable, "-c", "import errno, fcntl, sys, runlog\n"
                             "def no_flock(fd, op): raise OSError(errno.ENOSYS, 'no flock')\n"
                             "fcntl.flock = no_flock\n"
