@@ -107,7 +107,12 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
                         "eval_meta_data.csv")
     baselines = {row["Eval Task"]: float(row["Random baseline"]) for row in rows}
     tasks = []
-    for t in icl["icl_tasks"]:
+    for k, t in enumerate(icl["icl_tasks"]):
+        missing = [key for key in ("label", "icl_task_type", "dataset_uri", "num_fewshot")
+                   if not isinstance(t, dict) or key not in t]
+        if missing or not isinstance(t["num_fewshot"], list) or not t["num_fewshot"]:
+            raise UserError(f"{config}: task {k + 1} has no {', '.join(missing) or 'list of num_fewshot'}: "
+                            "not DCLM's core.yaml (a damaged bundle?)")
         if t["icl_task_type"] not in KINDS:
             raise UserError(f"{config}: task {t['label']} has type {t['icl_task_type']!r}, not one of "
                             f"{KINDS}")
@@ -116,11 +121,30 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
         data = os.path.join(bundle, "eval_data", t["dataset_uri"])
         if not os.path.isfile(data):
             raise UserError(f"{data} does not exist: the bundle is incomplete (task {t['label']})")
-        rows = [row for _, row in iter_jsonl(data)]  # a line that is not JSON: one line naming it
+        rows = [checked(row, where, t["icl_task_type"]) for where, row in iter_jsonl(data)]  # one line each
         random.Random(1337).shuffle(rows)
         tasks.append(Task(t["label"], t["icl_task_type"], t["num_fewshot"][0],
                           t.get("continuation_delimiter", " "), baselines[t["label"]], rows[:max_per_task]))
     return tasks
+
+
+FIELDS = {"multiple_choice": ("query", "choices", "gold"),  # what a row of each kind must hold
+          "schema": ("context_options", "continuation", "gold"),
+          "language_modeling": ("context", "continuation")}
+
+
+def checked(row, where, kind):
+    """A task's row, with the fields its kind reads, and its gold one of its options: else a UserError naming
+    the file and line (where)."""
+    missing = [key for key in FIELDS[kind] if not isinstance(row, dict) or key not in row]
+    if missing:
+        raise UserError(f"{where}: a {kind} row without {', '.join(missing)} (a damaged bundle?)")
+    options = row.get("choices", row.get("context_options"))
+    if "gold" in row and not (isinstance(options, list) and isinstance(row["gold"], int)
+                              and 0 <= row["gold"] < len(options)):
+        raise UserError(f"{where}: gold={row['gold']!r} is not the index of one of its "
+                        f"{len(options) if isinstance(options, list) else 'no'} options (a damaged bundle?)")
+    return row
 
 
 # ------------------------------------------------------------------------------------------------ prompts
@@ -133,8 +157,10 @@ def prompts(task, i):
     rows, d = task.examples, task.delimiter
     shots = []
     if task.shots:  # drawn per example, never the example itself (a subset smaller than that: all the others)
-        others = [j for j in range(len(rows)) if j != i]
-        shots = [rows[j] for j in random.Random(1234 + i).sample(others, min(task.shots, len(others)))]
+        # nanochat samples the list of the others' indices; sample() picks positions by the length alone, so
+        # a range of positions draws the same ones without building that list (n of them, for each example)
+        picked = random.Random(1234 + i).sample(range(len(rows) - 1), min(task.shots, len(rows) - 1))
+        shots = [rows[p + (p >= i)] for p in picked]  # position p of the others is row p, or p + 1 past i
     ex = rows[i]
     if task.kind == "multiple_choice":
         head, cuts = few_shot([f"{s['query']}{d}{s['choices'][s['gold']]}" for s in shots])

@@ -226,7 +226,8 @@ class DataLoaderLite:
     def reset(self):
         self.epoch, self.shard, self.row = 0, 0, 0
         self._plan()
-        self._advance()  # the first shard may be shorter than a step
+        if self.split == "train":  # the first shard may be shorter than a step (validation reads rows)
+            self._advance()
 
     def state_dict(self):
         return {"epoch": self.epoch, "shard": self.shard, "row": self.row, "T": self.T, "split": self.split,
@@ -235,12 +236,11 @@ class DataLoaderLite:
 
     def load_state_dict(self, state):
         mine = self.state_dict()
-        kept = [os.path.basename(name) for (name, _), rows in zip(self.shards, self.rows_per_shard)
-                if rows >= self.B * self.world]
-        if state["shards"] != mine["shards"] and state["shards"] == kept and not self.shuffle:
-            # written before shards shorter than a step stayed in the list: its shard counts the others only
-            state = {**state, "shards": mine["shards"],
-                     "shard": mine["shards"].index(state["shards"][state["shard"]])}
+        old = state["shards"]
+        if old != mine["shards"] and not self.shuffle and [n for n in mine["shards"] if n in old] == old:
+            # written before shards shorter than a step stayed in the list (db9da80 and older): its shard
+            # counts the others only
+            state = {**state, "shards": mine["shards"], "shard": mine["shards"].index(old[state["shard"]])}
         for key in ("T", "split", "shuffle", "seed", "shards"):
             if state[key] != mine[key]:
                 raise UserError(f"DataLoaderLite: the saved loader state has {key}={state[key]!r} but this "

@@ -24,11 +24,18 @@ SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans
 
 
 def common_prefix(sequences):
-    """The length of the token prefix all sequences share."""
-    n = min(len(s) for s in sequences)
-    for i in range(n):
-        if any(s[i] != sequences[0][i] for s in sequences):
-            return i
+    """The length of the token prefix all sequences share: compared 64 tokens at a time (list equality runs
+    in C; a Python loop over every token of a 10-shot prompt cost CORE more than tokenizing it)."""
+    n, first = min(len(s) for s in sequences), sequences[0]
+    for seq in sequences[1:]:
+        i = 0
+        while i < n:
+            j = min(i + 64, n)
+            if seq[i:j] != first[i:j]:
+                while seq[i] == first[i]:
+                    i += 1
+                n = i
+            i = j
     return n
 
 

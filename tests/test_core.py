@@ -169,6 +169,26 @@ def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
         f.write('{"context": "cut off\n')  # a damaged line: the file and line named
     with pytest.raises(UserError, match=r"short.jsonl:13: not valid JSON"):
         core_eval.load_tasks(folder)
+    import re
+    import shutil
+    for path, line, said in [  # each a KeyError traceback, or scored silently, at db9da80
+            ("mc/zeroshot.jsonl", '{"query": "q", "gold": 0}', "zeroshot.jsonl:13: a multiple_choice row without "
+                                                               "choices (a damaged bundle?)"),
+            ("mc/fewshot.jsonl", '{"query": "q", "choices": ["a", "b"], "gold": 2}',
+             "fewshot.jsonl:13: gold=2 is not the index of one of its 2 options (a damaged bundle?)")]:
+        fixed = write_core_bundle(tmp_path / "c")
+        with open(os.path.join(fixed, "eval_data", path), "a") as f:
+            f.write(line + "\n")
+        with pytest.raises(UserError, match=re.escape(said)):
+            core_eval.load_tasks(fixed)
+        shutil.rmtree(fixed)
+    fixed = write_core_bundle(tmp_path / "c")
+    with open(os.path.join(fixed, "core.yaml")) as f:
+        text = f.read()
+    with open(os.path.join(fixed, "core.yaml"), "w") as f:
+        f.write(text.replace("  num_fewshot: [0]\n", "", 1))
+    with pytest.raises(UserError, match=r"core.yaml: task 1 has no num_fewshot: not DCLM's core.yaml"):
+        core_eval.load_tasks(fixed)
     os.remove(os.path.join(folder, "eval_data", "schema.jsonl"))
     with pytest.raises(UserError, match=r"schema.jsonl does not exist: the bundle is incomplete"):
         core_eval.load_tasks(folder)

@@ -757,6 +757,7 @@ def test_a_resume_on_another_process_count_passes_over_the_shards_too_short_for_
     old = {**one.state_dict(), "shards": ["toy_train_000002.bin", "toy_train_000003.bin"], "shard": 1}
     two.load_state_dict(old)  # as db9da80 saved it (the shards that fit a step only): its shard 1 is shard 3
     assert os.path.basename(two.shards[two.current][0]) == "toy_train_000003.bin"
+    assert DataLoaderLite(4, 128, 0, 2, "val", root).rows_total == 5  # fewer rows than a step: read by row
 
 
 @pytest.mark.slow
