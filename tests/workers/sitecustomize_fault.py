@@ -1,11 +1,14 @@
-"""Copied as sitecustomize.py by tests/test_faults.py: one rank of a torchrun run (FAULT_RANK, default 1) fails
-alone at the phase FAULT names, as a GPU that runs out of memory there would (a bug, for "bug:PHASE"):
-startup (HellaSwag's encoding, an ending too long), step:N (the N-th training forward of this process),
+"""Copied as sitecustomize.py by tests/test_faults.py: rank 1 of a torchrun run fails alone at the phase that
+FAULTS (a comma-separated list) names for this attempt (torchrun --max-restarts: attempt k, k restarts, takes
+the k-th; "" or none left: no fault), as a GPU that runs out of memory there would (a bug, for "bug:PHASE"):
+startup (HellaSwag's encoding, an ending too long), step:N (the N-th training forward of this attempt),
 checkpoint (gathering the state to write), val, hellaswag, core, samples. FAULT_ROOT: the repo."""
 import os
 import sys
 
-if os.environ.get("FAULT") and os.environ.get("RANK") == os.environ.get("FAULT_RANK", "1"):
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+FAULT = (os.environ.get("FAULTS", "").split(",")[ATTEMPT:] or [""])[0]
+if FAULT and os.environ.get("RANK") == "1":
     sys.path.insert(0, os.environ["FAULT_ROOT"])  # the script's folder is not on the path yet
     import torch
 
@@ -17,9 +20,8 @@ if os.environ.get("FAULT") and os.environ.get("RANK") == os.environ.get("FAULT_R
     import packing
     from errors import UserError
 
-    fault = os.environ["FAULT"]
-    bug = fault.startswith("bug:")
-    phase, _, nth = fault.removeprefix("bug:").partition(":")
+    bug = FAULT.startswith("bug:")
+    phase, _, nth = FAULT.removeprefix("bug:").partition(":")
     calls = []
 
     def fail(*args, **kwargs):
