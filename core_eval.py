@@ -216,21 +216,23 @@ def encode(task, i, enc, block_size, cache=None):
     if task.kind == "multiple_choice":
         start = common_prefix(seqs)
         spans = [(start, len(s)) for s in seqs]
-    elif task.kind == "schema":
+    elif task.kind == "schema":  # an option that is all suffix (identical contexts) scores nothing, as below
         suffix = common_prefix([s[::-1] for s in seqs])
-        spans = [(len(s) - suffix, len(s)) for s in seqs]
+        spans = [(len(s) - suffix if suffix < len(s) else len(s), len(s)) for s in seqs]
     else:
         without, seq = seqs
         if seq[:len(without)] != without or len(seq) == len(without):
             raise UserError(f"CORE task {task.label}, example {i}: its context's tokens are not a prefix of "
                             "the context and continuation's (a damaged bundle?)")
         seqs, spans, label = [seq], [(len(without), len(seq))], None
+    # an option whose tokens are all shared scores nothing: nanochat's mean of no losses is NaN, and Python's
+    # min() keeps a NaN it starts with, so such an option 0 wins and any other never does (packing.evaluate)
     for k, (seq, (start, end)) in enumerate(zip(seqs, spans)):
         crop = max(0, len(seq) - block_size)
-        if start - crop < 1:
+        if start - crop < 1 and start < end:
             raise UserError(f"CORE task {task.label}, example {i}: its {end - start} scored tokens do not "
                             f"fit the model's block_size={block_size}")
-        seqs[k], spans[k] = seq[crop:], (start - crop, end - crop)
+        seqs[k], spans[k] = seq[crop:], (max(start - crop, 0) if start < end else end - crop, end - crop)
     return seqs, spans, label
 
 

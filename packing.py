@@ -191,7 +191,9 @@ def predict(model, prepared, rt, desc, progress):
         for row, values in enumerate((losses, torch.ones_like(losses), missed)):
             sums[row].index_add_(0, owner, values)
         total, count, missed = sums.view(3, n, width)
-        total = total.masked_fill(count == 0, math.inf)  # no such option (fewer than width)
+        total = total.masked_fill(count == 0, math.inf)  # no such option (fewer than width), or none scored
+        # by mean loss, an option 0 with no scored tokens wins, as in nanochat (core_eval.encode)
+        by_mean = torch.where(count[:, 0] == 0, 0, (total / count).argmin(1))
         greedy = (missed[:, 0] == 0).long()
-        preds[k, :n] = torch.stack([total.argmin(1), (total / count).argmin(1), greedy], 1)
+        preds[k, :n] = torch.stack([total.argmin(1), by_mean, greedy], 1)
     return preds.tolist()  # the one wait for the device

@@ -305,3 +305,51 @@ def test_few_shot_prompts_encode_as_their_whole_texts():
                     made += 1
             assert cache, (delim, kind)  # some cuts were made
     assert made == 4 * 12 * (3 + 2 + 2)
+
+
+def test_edge_cases_score_as_nanochat_does(model):
+    """An option whose tokens are all shared with the others scores no token: nanochat's mean loss of it is
+    NaN, and Python's min() keeps a NaN it starts with, so an option 0 of that kind wins and any other never
+    does. A schema task whose contexts are identical is the extreme of it (db9da80 refused it: "do not fit
+    block_size", though nothing was cropped). Each verdict equals nanochat's computation, written out here
+    (padded batch, the rolled targets, NaN in the last column, mean over [start - 1, end - 1), min and index),
+    for the packed and the per-example evaluation alike. A task with fewer examples than its shots takes all
+    the others (nanochat's sample() would raise)."""
+    enc = get_encoding()
+    tasks = [core_eval.Task("mc_empty", "multiple_choice", 0, "\n", 25.0,
+                            [{"query": f"Question {i}: who?", "choices": ["", "the king", "a fool"] if i % 2 else
+                              ["the king", "", "a fool"], "gold": i % 3} for i in range(6)]),
+             core_eval.Task("schema_same", "schema", 0, " ", 50.0,
+                            [{"context_options": ["The same words."] * 2, "continuation": "follow.", "gold": i % 2}
+                             for i in range(4)]),
+             core_eval.Task("few", "multiple_choice", 5, " ", 50.0,
+                            [{"query": f"Is {i} even?", "choices": ["yes", "no"], "gold": i % 2} for i in range(3)])]
+    assert all(len(core_eval.prompts(tasks[2], i)[1]) == 2 for i in range(3))  # 2 shots: all the others
+
+    def nanochat(task, i):
+        seqs = [[enc.eot_token] + enc.encode_ordinary(t) for t in core_eval.prompts(task, i)[0]]
+        n = min(len(s) for s in seqs)
+        if task.kind == "multiple_choice":
+            k = next((j for j in range(n) if any(s[j] != seqs[0][j] for s in seqs)), n)
+            spans = [(k, len(s)) for s in seqs]
+        else:
+            k = next((j for j in range(n) if any(s[-1 - j] != seqs[0][-1 - j] for s in seqs)), n)
+            spans = [(len(s) - k, len(s)) for s in seqs]
+        T = max(len(s) for s in seqs)
+        x = torch.tensor([s + [enc.eot_token] * (T - len(s)) for s in seqs])
+        with torch.no_grad():
+            logits = model(x)[0]
+        losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(x, -1, 1).flatten(),
+                                                   reduction="none").view(len(seqs), T)
+        losses[:, -1] = float("nan")
+        means = [losses[j, a - 1:b - 1].mean().item() for j, (a, b) in enumerate(spans)]
+        return means.index(min(means)) == task.examples[i]["gold"]
+    want = [nanochat(task, i) for task in tasks for i in range(len(task.examples))]
+    got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 4, BLOCK), Runtime())
+    assert [ok for _, ok in got["predictions"]] == want
+    assert [ok for _, ok in core_eval.evaluate_unbatched(model, tasks, Runtime())["predictions"]] == want
+    assert want[6:10] == [True, False, True, False]  # identical contexts: option 0, whatever the gold
+    by_mean = {i: p for i, _, p, _ in packing.evaluate(model, core_eval.Prepared(tasks, Runtime(), 4, BLOCK).packed,
+                                                       Runtime())}
+    assert [by_mean[i] for i in range(0, 6, 2)].count(1) == 0  # an empty option 1: never picked
+    assert [by_mean[i] for i in range(1, 6, 2)] == [0, 0, 0]  # an empty option 0: always
