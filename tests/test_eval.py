@@ -148,9 +148,9 @@ def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tm
     args = TINY + [f"--data_root={text}", "--total_batch_size=1024", "--val_tokens=288", "--eval_interval=2",
                    "--checkpoint_interval=2", "--hellaswag=7", f"--hellaswag_data={data}", "--core=3",
                    f"--core_bundle={bundle}"]
-    import train_gpt2
-    for steps in (2, 4):  # the reference: one process, the same resume
-        assert train_gpt2.main(args + [f"--max_steps={steps}", f"--log_dir={tmp_path / 'one'}"]) == 0
+    import train_gpt2  # the reference: one process, uninterrupted (max_steps=2 then 4 changes no learning
+    # rate: steps 1 and 2 are the warm-up's)
+    assert train_gpt2.main(args + ["--max_steps=4", f"--log_dir={tmp_path / 'one'}"]) == 0
     log = tmp_path / "log"
     r = train(args + ["--max_steps=2", f"--log_dir={log}"], cwd=tmp_path, nproc=8)
     assert "1,024 tokens = 4 x 32 x 8 processes x 1 accumulation steps" in r.stdout
