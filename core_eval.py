@@ -232,7 +232,7 @@ def encode(task, i, enc, block_size, cache=None):
         if start - crop < 1 and start < end:
             raise UserError(f"CORE task {task.label}, example {i}: its {end - start} scored tokens do not "
                             f"fit the model's block_size={block_size}")
-        seqs[k], spans[k] = seq[crop:], (max(start - crop, 0) if start < end else end - crop, end - crop)
+        seqs[k], spans[k] = seq[crop:], (start - crop, end - crop)  # an empty span: start == end
     return seqs, spans, label
 
 

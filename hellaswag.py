@@ -163,8 +163,7 @@ def evaluate(model, prepared, rt, progress=False):
     if rt.distributed:
         torch.distributed.all_reduce(counts)
     n, correct, correct_norm = counts.tolist()
-    n_ = max(n, 1)  # 0 only on a rank of no process group (tests): the counts stay its own
-    return {"n": n, "acc": correct / n_, "acc_norm": correct_norm / n_, "predictions": predictions}
+    return {"n": n, "acc": correct / n, "acc_norm": correct_norm / n, "predictions": predictions}
 
 
 @torch.no_grad()

@@ -156,10 +156,7 @@ def main(argv=None):
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": update == "skipped"} if scale else {}
-            error = run.log.append([record])
-            stop, error = agree(stop_signal[0], error, rt)  # every rank stops at the same step
-            if error:
-                raise UserError(error)
+            stop = runtime.agree(stop_signal[0], run.log.append([record]), rt)  # every rank at the same step
             last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
@@ -401,19 +398,7 @@ def save(run):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# stopping: what every rank agrees on after a step (the signals: runtime.catch_stop_signals), and the failures
-# that name their fix
-
-def agree(stop, error, rt):
-    """(stop, error), the same on every rank: the stop signal any rank received, and rank 0's failure to log
-    the step. One small all-reduce a step; the error travels only when there is one."""
-    if rt.distributed:
-        flags = torch.tensor([stop, error is not None], device=rt.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, failed = (int(v) for v in flags.tolist())
-        error = runtime.broadcast_object(error) if failed else None
-    return stop, error
-
+# stopping: the failures that name their fix (what every rank agrees on after a step: runtime.agree)
 
 def resume_hint(run):
     """What the same command does next, for messages."""
@@ -530,12 +515,10 @@ def evaluate(run):
 
 
 def evaluate_or_stop(run, checkpoint):
-    """evaluate(), and if it fails on any rank, nothing lost: every rank knows it at the same point (each part
-    of evaluate() agrees before its collectives: runtime.together), and all write the step's state together
-    before they stop (where `checkpoint`, the name of the step's checkpoint, is None). Not where no agreement
-    was possible (a rank lost, or one that failed inside FSDP's collective forwards): the newest checkpoint
-    stands. The failing rank says why, once: running out of memory is a RankError naming eval_B; another
-    failure keeps its traceback after a line naming the checkpoint."""
+    """evaluate(); if it fails on any rank, every rank knows at the same point (runtime.together) and all
+    write the step's state together before stopping (where `checkpoint`, its name, is None), unless no
+    agreement was possible (a rank lost; a failure inside FSDP's forwards). The failing rank says why, once:
+    out of memory names eval_B, another failure keeps its traceback after a line naming the checkpoint."""
     run.doing = f"evaluating step {run.step}"
     try:
         evaluate(run)
@@ -543,12 +526,10 @@ def evaluate_or_stop(run, checkpoint):
         step, eval_B, rt = run.step, run.s.eval_B or run.s.B, run.rt
         if runtime.agreed(e, rt):  # every rank is here: they write the step's state together
             checkpoint = checkpoint or save(run)
-        elif runtime.peer_lost(e):  # peer_timeout_hint says it
+        if isinstance(e, PeerFailed) or runtime.peer_lost(e):  # the failing rank or peer_timeout_hint says it
             raise
         where = (f"the step is in {checkpoint}; rerun the same command, which evaluates step {step} first"
                  if checkpoint else f"the newest checkpoint is {run.last_checkpoint}; rerun the same command")
-        if isinstance(e, PeerFailed):  # the rank that failed says why
-            raise
         if runtime.is_out_of_memory(e):
             raise RankError(f"out of memory evaluating step {step} at eval_B={eval_B}: lower --eval_B (or "
                             f"--hellaswag, --core); {where}") from None
