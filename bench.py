@@ -6,6 +6,7 @@ GPU figure README quotes, in one command.
     python bench.py --skip compile       # leave a rung's switch off in every later rung too
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
+    python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
     python bench.py --only step --B 64   # the training step as train_gpt2.py runs it, at B=64
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
 
@@ -408,7 +409,51 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
     return lines
 
 
-ONLY = ("training", "step", "generation", "hellaswag", "memory", "softmax")
+def core_cost(size, rt, data, compile, batch_sizes):
+    """CORE's cost on this device at the model size (random weights: the cost does not depend on them), as
+    core_eval.py pays it, on the bundle dev/make_core_bundle.py makes from data (hellaswag_val.jsonl: its full
+    size, 31,351 examples of CORE's shapes; none: at most 16 a task, the HellaSwag-like ones cut from
+    input.txt): reading, then at each batch size tokenizing and packing, the first evaluation (cold:
+    compiling, where compiled) and a second (warm)."""
+    import subprocess
+    import core_eval
+    with tempfile.TemporaryDirectory() as tmp:
+        source = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), 16)
+        bundle = os.path.join(tmp, "bundle")
+        make = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dev", "make_core_bundle.py")
+        subprocess.run([sys.executable, make, source, bundle] + ([] if data else ["--n", "16"]), check=True,
+                       capture_output=True)
+        t0 = time.perf_counter()
+        tasks = core_eval.load_tasks(bundle)
+        read = time.perf_counter() - t0
+    model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
+    n = sum(len(t.examples) for t in tasks)
+    counts = ", ".join(f"{t.label} {len(t.examples):,}" for t in tasks)
+    lines = [f"CORE ({n:,} examples in {len(tasks)} tasks, {counts}, from {data or 'input.txt'}; {rt.dtype}, "
+             f"{'compiled' if compile else 'eager'}, {rt.cpus} threads tokenizing; reading the bundle "
+             f"{read:.2f} s):", "",
+             "| examples a forward | tokenize and pack | first evaluation (cold) | second (warm) | examples/s "
+             "(warm) | CORE |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(lines), flush=True)
+    for batch_size in batch_sizes:
+        t0 = time.perf_counter()
+        prepared = core_eval.Prepared(tasks, rt, batch_size, model.config.block_size)
+        pack = time.perf_counter() - t0
+        if compile:
+            torch._dynamo.reset()  # each batch size compiles afresh, as a run of core_eval.py does
+        run, seconds = torch.compile(model) if compile else model, []
+        for _ in range(2):
+            synchronize(rt.device)
+            t0 = time.perf_counter()
+            result = core_eval.evaluate(run, prepared, rt)
+            seconds.append(time.perf_counter() - t0)
+        lines.append(f"| {batch_size} | {pack:.2f} s | {seconds[0]:.2f} s | {seconds[1]:.2f} s | "
+                     f"{n / seconds[1]:,.0f} | {result['core']:.4f} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
+
+
+ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax")
 EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
 
 
@@ -430,8 +475,8 @@ def main():
                         help=f"comma-separated parts to measure alone: {', '.join(ONLY)} (default: "
                         f"{', '.join(EVERYTHING)}; step: the last rung alone at --B)")
     parser.add_argument("--hellaswag_data", default=None,
-                        help="hellaswag_val.jsonl for --only hellaswag and --report (default: 64 examples "
-                        "cut from input.txt)")
+                        help="hellaswag_val.jsonl for --only hellaswag, core and --report (default: "
+                        "examples cut from input.txt)")
     parser.add_argument("--report", default=None, metavar="DIR",
                         help="every GPU figure: each of gpu_report.sections in its own process, its raw "
                         "output and DIR/report.md; a rerun continues where one stopped")
@@ -490,6 +535,9 @@ def main():
             report += generation(size, rt, compile, runs)
         elif part == "hellaswag":
             report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 8, n=64 if cuda else 16)
+        elif part == "core":
+            compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
+            report += core_cost(size, rt, args.hellaswag_data, compile, (16, 64) if cuda else (4,))
         elif part == "memory":
             extra = memory(size, last_s, B, T, rt, last_mem)
             extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]

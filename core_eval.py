@@ -27,6 +27,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import packing
@@ -34,7 +35,7 @@ import runtime
 from documents import iter_jsonl
 from errors import UserError, check_range, command_line, first_line, main_guard
 from packing import common_prefix
-from tokenizer import get_encoding
+from tokenizer import encode_many, get_encoding
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_data")
@@ -149,69 +150,77 @@ def checked(row, where, kind):
 
 # ------------------------------------------------------------------------------------------------ prompts
 
-def prompts(task, i):
-    """(texts, cuts): the texts to score for example i of task, one per option (multiple choice, schema) or
-    the context without and with its continuation (language modelling), and where in each the blank line
-    after each few-shot example begins (the same offsets in every text: they share the few-shot examples),
-    places that tokens() may cut them at."""
+def prompts(task, i, demos=None):
+    """The texts to score for example i of task, one per option (multiple choice, schema) or the context
+    without and with its continuation (language modelling), each a list of pieces that join into it: its
+    few-shot examples (each after the blank line that ends the one before), the example's context, then its
+    delimiter with what follows; parts() cuts a text only between pieces. demos: "\\n\\n" + demo(row) of
+    each row, made once per task (Prepared), else made here for the drawn ones."""
     rows, d = task.examples, task.delimiter
-    shots = []
-    if task.shots:  # drawn per example, never the example itself (a subset smaller than that: all the others)
-        # nanochat samples the list of the others' indices; sample() picks positions by the length alone, so
-        # a range of positions draws the same ones without building that list (n of them, for each example)
-        picked = random.Random(1234 + i).sample(range(len(rows) - 1), min(task.shots, len(rows) - 1))
-        shots = [rows[p + (p >= i)] for p in picked]  # position p of the others is row p, or p + 1 past i
+    shots = [demos[k] if demos else "\n\n" + demo(task, rows[k]) for k in drawn(task, i)]
+    if shots:
+        shots[0] = shots[0][2:]  # the first follows the <|endoftext|>, not a blank line
+    lead = "\n\n" if shots else ""
     ex = rows[i]
     if task.kind == "multiple_choice":
-        head, cuts = few_shot([f"{s['query']}{d}{s['choices'][s['gold']]}" for s in shots])
-        return [f"{head}{ex['query']}{d}{choice}" for choice in ex["choices"]], cuts
+        context = lead + ex["query"]
+        return [[*shots, context, d + choice] for choice in ex["choices"]]
     if task.kind == "schema":
-        head, cuts = few_shot([f"{s['context_options'][s['gold']]}{d}{s['continuation']}" for s in shots])
-        return [f"{head}{context}{d}{ex['continuation']}" for context in ex["context_options"]], cuts
-    head, cuts = few_shot([f"{s['context'].strip()}{d}{s['continuation']}" for s in shots])
-    without = f"{head}{ex['context'].strip()}{d}"
-    # strip() from the left would move the cuts: where it strips anything, none is made
-    return [without.strip(), without + ex["continuation"]], cuts if without[:1].strip() else []
+        return [[*shots, lead + context, d + ex["continuation"]] for context in ex["context_options"]]
+    context = lead + ex["context"].strip()
+    without, last = "".join(shots) + context + d, (context + d).rstrip()
+    if not last or without[:1].isspace():  # strip() would reach past the last piece: one piece each
+        return [[without.strip()], [without + ex["continuation"]]]
+    return [[*shots, last], [*shots, context, d + ex["continuation"]]]
 
 
-def few_shot(examples):
-    """The few-shot examples' texts as one head, each followed by a blank line, and where each blank line
-    begins."""
-    head, cuts = "", []
-    for text in examples:
-        head += text
-        cuts.append(len(head))
-        head += "\n\n"
-    return head, cuts
+def drawn(task, i):
+    """The indices of example i's few-shot examples, drawn as nanochat draws them: never the example itself
+    (a task with fewer examples than shots: all the others)."""
+    if not task.shots:
+        return []
+    # nanochat samples the list of the others' indices; sample() picks positions by the length alone, so a
+    # range of positions draws the same ones without building that list (n of them, for each example)
+    n = len(task.examples)
+    return [p + (p >= i) for p in random.Random(1234 + i).sample(range(n - 1), min(task.shots, n - 1))]
 
 
-def tokens(text, cuts, enc, cache):
-    """enc.encode_ordinary(text), with the parts between its cuts encoded once each and kept in cache (a
-    few-shot example recurs in many prompts: 10-shot, in 10 examples, in each option). A cut where a character
-    that is not whitespace meets a newline is a boundary of GPT-2's pre-tokenizer wherever it is: no
-    pre-token holds a non-space character followed by whitespace (whitespace only leads one, or makes one),
-    and none looks behind its start; BPE merges within a pre-token. So the parts' tokens, joined, are the
-    whole text's. Other cuts are not made."""
-    out, start = [], 0
-    for p in cuts:
-        if 0 < p < len(text) and text[p] == "\n" and not text[p - 1].isspace():  # isspace: all Unicode's
-            part = text[start:p]
-            if part not in cache:
-                cache[part] = enc.encode_ordinary(part)
-            out += cache[part]
-            start = p
-    return out + enc.encode_ordinary(text[start:])
+def demo(task, row):
+    """A row's text as a few-shot example: its context, the delimiter, its right continuation."""
+    d = task.delimiter
+    if task.kind == "multiple_choice":
+        return f"{row['query']}{d}{row['choices'][row['gold']]}"
+    if task.kind == "schema":
+        return f"{row['context_options'][row['gold']]}{d}{row['continuation']}"
+    return f"{row['context'].strip()}{d}{row['continuation']}"
 
 
-def encode(task, i, enc, block_size, cache=None):
-    """(token sequences, the scored span (start, end) of each, label) of example i: <|endoftext|> then the
-    prompt's tokens (tokens(): the few-shot examples' from cache, a dict kept per task); the scored tokens are
-    those after the options' common prefix (multiple choice), the common suffix (schema), or the continuation
-    (language modelling: one sequence, label None). A sequence longer than block_size loses its first
-    tokens."""
-    texts, cuts = prompts(task, i)
-    cache = {} if cache is None else cache
-    seqs = [[enc.eot_token] + tokens(text, cuts, enc, cache) for text in texts]
+SPACES = " \t\n\v\f\r"  # whitespace to Python and to GPT-2's pre-tokenizer (regex \s: Unicode's White_Space)
+
+
+def parts(pieces):
+    """A text's pieces (prompts()) joined into the parts Prepared encodes one by one: two pieces stay apart
+    where a character that is not whitespace meets whitespace, as GPT-2's pre-tokenizer splits there
+    wherever it is. No pre-token holds a non-space character followed by whitespace (whitespace only leads
+    one, or makes one), and none looks behind its start (nor, from inside a part, past its end: a part cut
+    off ends in a non-space); BPE merges within a pre-token. So the parts' tokens, joined, are the whole
+    text's. (str.isspace() holds for every White_Space character and a few more, so a character it rejects
+    is no regex whitespace; SPACES are whitespace to both.)"""
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        if out[-1] and piece[:1] in SPACES and piece and not out[-1][-1].isspace():
+            out.append(piece)
+        else:
+            out[-1] += piece
+    return out
+
+
+def scored(task, i, seqs, block_size):
+    """(token sequences, the scored span (start, end) of each, label) of example i of task, from its
+    prompts' token sequences (int64 arrays, each <|endoftext|> then the prompt's tokens): the scored tokens
+    are those after the options' common prefix (multiple choice), the common suffix (schema), or the
+    continuation (language modelling: one sequence, label None). A sequence longer than block_size loses its
+    first tokens."""
     label = task.examples[i].get("gold")
     if task.kind == "multiple_choice":
         start = common_prefix(seqs)
@@ -221,7 +230,7 @@ def encode(task, i, enc, block_size, cache=None):
         spans = [(len(s) - suffix if suffix < len(s) else len(s), len(s)) for s in seqs]
     else:
         without, seq = seqs
-        if seq[:len(without)] != without or len(seq) == len(without):
+        if len(seq) <= len(without) or not np.array_equal(seq[:len(without)], without):
             raise UserError(f"CORE task {task.label}, example {i}: its context's tokens are not a prefix of "
                             "the context and continuation's (a damaged bundle?)")
         seqs, spans, label = [seq], [(len(without), len(seq))], None
@@ -236,19 +245,36 @@ def encode(task, i, enc, block_size, cache=None):
     return seqs, spans, label
 
 
+def encode(task, i, enc, block_size):
+    """scored() of example i, each prompt encoded whole: the one-example path (evaluate_unbatched), against
+    which the parts Prepared encodes are tested."""
+    return scored(task, i, [np.array([enc.eot_token] + enc.encode_ordinary("".join(pieces))) for pieces in
+                            prompts(task, i)], block_size)
+
+
 class Prepared:
     """The tasks' examples as this rank's packed batches (packing.Prepared, one for all tasks), tokenized
-    and packed once: a training run prepares them once for all its evaluations."""
+    and packed once: a training run prepares them once for all its evaluations. A task at a time, this
+    rank's prompts are cut into parts() and each distinct part is encoded once (a few-shot example recurs in
+    10 prompts, and in each option; an example's context, in each option), on rt.cpus threads."""
 
     def __init__(self, tasks, rt, batch_size, block_size):
-        self.tasks, self.task_of, items, enc = tasks, [], [], get_encoding()  # task_of: item -> its task
+        self.tasks, self.task_of = tasks, [t for t, task in enumerate(tasks) for _ in task.examples]
+        items, enc, at = [None] * len(self.task_of), get_encoding(), 0  # at: the task's first item
+        eot = np.array([enc.eot_token])
         with runtime.together(rt):  # an example only this rank encodes may be damaged: every rank stops
-            for t, task in enumerate(tasks):
-                cache = {}  # the task's few-shot examples, encoded once
-                for i in range(len(task.examples)):  # packing.Prepared's share of this rank: encoded here
-                    mine = len(items) % rt.world_size == rt.rank
-                    items.append(encode(task, i, enc, block_size, cache) if mine else None)
-                    self.task_of.append(t)
+            for task in tasks:
+                mine = [i for i in range(len(task.examples)) if (at + i) % rt.world_size == rt.rank]
+                demos = ["\n\n" + demo(task, row) for row in task.examples] if task.shots else None
+                known = {}  # the task's distinct parts -> their index
+                texts = [[[known.setdefault(part, len(known)) for part in parts(pieces)]
+                          for pieces in prompts(task, i, demos)] for i in mine]
+                tokens = [np.array(t, dtype=np.int64) for t in encode_many(enc, known, rt.cpus)]  # (in order)
+                for i, item in zip(mine, texts):
+                    seqs = [np.concatenate([eot] + [tokens[part] for part in text]) for text in item]
+                    seqs, spans, label = scored(task, i, seqs, block_size)
+                    items[at + i] = (packing.pack(seqs, spans), label)
+                at += len(task.examples)
         self.packed = packing.Prepared(items, rt, batch_size)
 
 
@@ -297,7 +323,7 @@ def evaluate_unbatched(model, tasks, rt, progress=False):
         for i in range(len(task.examples)):
             seqs, spans, label = encode(task, i, enc, model.config.block_size)
             T = max(len(s) for s in seqs)
-            x = torch.tensor([s + [enc.eot_token] * (T - len(s)) for s in seqs], device=rt.device)
+            x = torch.tensor([s.tolist() + [enc.eot_token] * (T - len(s)) for s in seqs], device=rt.device)
             with runtime.autocast(rt.device, rt.dtype):
                 logits, _ = model(x)
             logits = logits.float()
@@ -343,6 +369,9 @@ def main():
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--batch_size", type=int, default=None,
                         help="examples per forward, a row each (default: 16 on a GPU, 4 on a CPU)")
+    parser.add_argument("--compile", default="auto", choices=["auto", "True", "False"],
+                        help="torch.compile the model, as a training run's --core does (auto: on CUDA); the "
+                        "rows' lengths are compiled once, as dynamic")
     parser.add_argument("--unbatched", action="store_true", help="one example per forward: the slow loop")
     args = parser.parse_args()
     check_range("--max_per_task", args.max_per_task, 1)
@@ -354,24 +383,31 @@ def main():
     rt = runtime.setup(args.device)
     if args.unbatched and rt.distributed:
         raise UserError("--unbatched runs in one process: drop torchrun, or --unbatched")
+    compile, note = runtime.compile_choice("False" if args.unbatched else args.compile, rt)
+    if note and rt.master:
+        print(f"NOTE: {note}")
+    t0 = time.time()
     tasks = load_tasks(args.bundle, args.max_per_task)
     model = load_model(args.model).to(rt.device).eval()
+    times = {"reading": time.time() - t0}
     t0 = time.time()
     if args.unbatched:
-        result, how = evaluate_unbatched(model, tasks, rt), "one example per forward"
+        result = evaluate_unbatched(model, tasks, rt)
+        times["one example per forward"] = time.time() - t0
     else:
         prepared = Prepared(tasks, rt, args.batch_size or (16 if rt.kind == "cuda" else 4),
                             model.config.block_size)
-        how = f"packed; tokenizing and packing {time.time() - t0:.1f} s"
-        result = evaluate(model, prepared, rt, progress=rt.master)
-    dt = time.time() - t0
+        times["tokenizing and packing"], t0 = time.time() - t0, time.time()
+        result = evaluate(torch.compile(model) if compile else model, prepared, rt, progress=rt.master)
+        times["forwards" + (", compiling included" if compile else "")] = time.time() - t0
     if rt.master:
         print(table(tasks, result))
         n = sum(len(t.examples) for t in tasks)
-        print(f"CORE {result['core']:.4f} ({n:,} examples, {len(tasks)} tasks, {dt:.1f} s, {how})")
+        print(f"CORE {result['core']:.4f} ({n:,} examples, {len(tasks)} tasks; {sum(times.values()):.1f} s: "
+              + ", ".join(f"{what} {dt:.1f} s" for what, dt in times.items()) + ")")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
-                json.dump({"core": result["core"], "tasks": result["tasks"]}, f, indent=1)
+                json.dump({"core": result["core"], "tasks": result["tasks"], "seconds": times}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def sections(out, cuda, device, hellaswag_data):
           f"--junitxml={os.path.join(out, 'checks.xml')}"]),
         ("generation", "generation, batch 1 and 8", bench("generation", "--only", "generation")),
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
+        ("core", "CORE on dev/make_core_bundle.py's bundle, batch 16 and 64",
+         bench("core", "--only", "core", *data)),
         ("ladder", "the acceleration ladder at B=16 and where its last rung's time goes",
          bench("ladder", "--only", "training", *quick)),
         ("step64", "the training step at B=64",

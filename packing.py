@@ -24,37 +24,39 @@ SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans
 
 
 def common_prefix(sequences):
-    """The length of the token prefix all sequences share: compared 64 tokens at a time (list equality runs
-    in C; a Python loop over every token of a 10-shot prompt cost CORE more than tokenizing it)."""
+    """The length of the token prefix all sequences (numpy arrays) share."""
     n, first = min(len(s) for s in sequences), sequences[0]
     for seq in sequences[1:]:
-        i = 0
-        while i < n:
-            j = min(i + 64, n)
-            if seq[i:j] != first[i:j]:
-                while seq[i] == first[i]:
-                    i += 1
-                n = i
-            i = j
+        differ = np.flatnonzero(seq[:n] != first[:n])
+        n = int(differ[0]) if len(differ) else n
     return n
 
 
 def pack(sequences, spans):
     """An item as one row: the sequences' common prefix once, then each one's rest at the positions it has
-    after the prefix. spans: (start, end) of each sequence's scored tokens. Returns (tokens, pos, group,
-    scored): group is -1 for prefix tokens and j for the rest of sequence j; scored holds, for every scored
-    token, (the row index of the token predicting it, the token, j). A sequence's first token has nothing
-    before it and is never scored."""
-    a = common_prefix(sequences)
-    tokens, pos, group = list(sequences[0][:a]), list(range(a)), [-1] * a
-    scored = []
+    after the prefix. sequences: token lists or (int64) arrays; spans: (start, end) of each sequence's scored
+    tokens. Returns (rows, scored, n): rows
+    (3, length), the row's tokens, positions and group (-1 for prefix tokens, j for the rest of sequence j);
+    scored holds, for every scored token, (the row index of the token predicting it, the token, j); n the
+    number of sequences. A sequence's first token has nothing before it and is never scored."""
+    sequences = [np.asarray(s, dtype=np.int64) for s in sequences]
+    a, k = common_prefix(sequences), len(sequences)
+    rows = np.empty((3, a + sum(len(s) - a for s in sequences)), dtype=np.int64)  # tokens, pos, group
+    rows[0] = np.concatenate([sequences[0][:a]] + [s[a:] for s in sequences])
+    rows[1, :a], rows[2, :a] = np.arange(a), -1
+    spans_at, at = [], a  # at: the row index where sequence j's rest begins
     for j, (seq, (start, end)) in enumerate(zip(sequences, spans)):
-        at = len(tokens) - a  # sequence position p >= a sits at row index at + p
-        scored += [(p if p < a else at + p, seq[p + 1], j) for p in range(max(start, 1) - 1, end - 1)]
-        tokens += seq[a:]
-        pos += range(a, len(seq))
-        group += [j] * (len(seq) - a)
-    return tokens, pos, group, np.array(scored, dtype=np.int64).reshape(-1, 3)
+        n = len(seq) - a
+        rows[1, at:at + n], rows[2, at:at + n] = np.arange(a, a + n), j
+        p = np.arange(max(start, 1) - 1, max(end, 1))  # the positions predicting, and the last scored one
+        spans_at.append(np.where(p < a, p, p + (at - a)))  # their row indices: in the prefix, or j's rest
+        at += n
+    scored, at = np.empty((sum(len(r) - 1 for r in spans_at), 3), dtype=np.int64), 0
+    for j, r in enumerate(spans_at):  # (row index predicting, the token it predicts, j)
+        scored[at:at + len(r) - 1, 0], scored[at:at + len(r) - 1, 1], scored[at:at + len(r) - 1, 2] = \
+            r[:-1], rows[0, r[1:]], j
+        at += len(r) - 1
+    return rows, scored, k
 
 
 def padded_lengths(longest, most=SHAPES):
@@ -92,24 +94,26 @@ def padded_lengths(longest, most=SHAPES):
 
 class Prepared:
     """Items as one rank's batches, packed once (a training run prepares them once for all its
-    evaluations): items[i] = (sequences, spans, label), label the right option's index (kept in labels, for
-    the caller; None: a language-modelling item, judged by its greedy tokens), or None where another rank's
-    (only rank r's need be made). Each item one row (pack), rows sorted by length, batch_size rows a batch
-    padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same number of batches:
-    a rank with fewer items gets padding rows it does not count. Rank r of world_size has items r,
-    r + world_size, ... width: the most sequences of an item. The arrays are in (pinned, on CUDA) host
-    memory, copied to the device batch by batch without waiting."""
+    evaluations): items[i] = (pack()'s row, label), label the right option's index (kept in labels, for the
+    caller; None: a language-modelling item, judged by its greedy tokens), or None where another rank's
+    (only rank r's need be made): rank r of world_size has items r, r + world_size, ... (a task's items are
+    consecutive, so each rank gets its share of every task: as many 10-shot items as any other rank, not the
+    10-shot task while another gets the 0-shot one). Rows sorted by length, batch_size
+    rows a batch padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same
+    number of batches: a rank with fewer items gets padding rows it does not count. width: the most
+    sequences of an item. The arrays are in (pinned, on CUDA) host memory, copied to the device batch by
+    batch without waiting."""
 
     def __init__(self, items, rt, batch_size):
         mine = list(range(rt.rank, len(items), rt.world_size))
-        self.batch_size, self.width = batch_size, max((len(items[i][0]) for i in mine), default=1)
-        self.labels = {i: items[i][2] for i in mine}
-        packed = {i: pack(*items[i][:2]) for i in mine}
-        mine.sort(key=lambda i: len(packed[i][0]))
+        self.batch_size, self.width = batch_size, max((items[i][0][2] for i in mine), default=1)
+        self.labels = {i: items[i][1] for i in mine}
+        length = {i: items[i][0][0].shape[1] for i in mine}
+        mine.sort(key=length.get)
         most = -(-len(items) // rt.world_size)  # items of the rank with the most
         batches = [mine[start:start + batch_size] for start in range(0, most, batch_size)]
         real = [b for b in batches if b]  # the rest: padding batches, for ranks with fewer items
-        shapes = padded_lengths([max(len(packed[i][0]) for i in b) for b in real])
+        shapes = padded_lengths([max(length[i] for i in b) for b in real])
         shapes += [shapes[0] if shapes else BUCKET] * (len(batches) - len(real))
         self.batches, parts, at = [], [], 0  # batches: (where its arrays are in self.data, their shapes, ids)
         self.greedy = [any(self.labels[i] is None for i in b) for b in batches]  # batches that need argmaxes
@@ -117,10 +121,11 @@ class Prepared:
             rows = np.zeros((3, batch_size, L), dtype=np.int64)  # tokens, pos, group
             rows[2] = -2  # padding
             for b, i in enumerate(batch):
-                for r, values in enumerate(packed[i][:3]):
-                    rows[r, b, :len(values)] = values
-            scored = np.concatenate([packed[i][3] + [b * L, 0, self.width * b] for b, i in enumerate(batch)]
-                                    + [np.zeros((0, 3), dtype=np.int64)])
+                rows[:, b, :length[i]] = items[i][0][0]
+            scored = np.concatenate([items[i][0][1] for i in batch] + [np.zeros((0, 3), dtype=np.int64)])
+            # row b's scored tokens: its index into the (rows * L) tokens, and its options after row b-1's
+            scored += np.repeat(np.arange(len(batch))[:, None] * [L, 0, self.width],
+                                [len(items[i][0][1]) for i in batch], axis=0)
             if not len(scored):  # a padding batch still scores a token, so its forward has the head's shapes
                 scored = np.zeros((1, 3), dtype=np.int64)
             # tokens, pos, group (rows, L); select, targets, owner of the scored tokens

@@ -196,6 +196,7 @@ class Runtime:
     device: str = "cpu"  # cuda:<local rank> on GPUs, else kind
     memory: int = None  # bytes: the smallest GPU of all ranks (their B must be the same); None off CUDA
     patient: object = None  # a process group of all ranks with COLLECTIVE_TIMEOUT: waits on checkpoint files
+    cpus: int = 1  # CPU threads for host-side work (tokenizing): this process's share of the node's cores
     notes: list = dataclasses.field(default_factory=list)  # what setup() found worth a NOTE
 
     @property
@@ -223,6 +224,9 @@ def setup(device="auto", dtype="auto", timeout=None):
     rt = Runtime(*((int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"])) if distributed
                    else (0, 0, 1)), distributed)
     rt.kind = rt.device = pick_device(device)
+    # torchrun starts LOCAL_WORLD_SIZE processes on this node: each takes its share of the cores it may use
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux
+    rt.cpus = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if torch_older_than(MIN_TORCH):
         oldest = ".".join(map(str, MIN_TORCH))
         rt.notes.append(f"torch {torch.__version__} is older than {oldest}, the oldest this project is "
@@ -273,6 +277,14 @@ def eager_note(why):
     and the fix; train_gpt2.py and sample.py both say it."""
     return (f"torch.compile does not work here ({why}); running eager. Install triton (GPU) or a C++ "
             f"compiler (CPU), or set --compile=False to skip this check")
+
+
+def compile_choice(choice, rt):
+    """(compile, note): whether a script compiles, from its --compile (auto: on CUDA; True; False), and the
+    NOTE to print where torch.compile does not work here (None otherwise)."""
+    want = choice == "True" or (choice == "auto" and rt.kind == "cuda")
+    why = compile_blocker(rt) if want else None
+    return (False, eager_note(why)) if why else (want, None)
 
 
 def all_gather(obj):

@@ -80,10 +80,9 @@ def main():
     rt = runtime.setup(args.device)
     for note in rt.notes:
         print(f"NOTE: {note}")
-    compile = args.compile == "True" or (args.compile == "auto" and rt.kind == "cuda")
-    if compile and (why := runtime.compile_blocker(rt)):
-        print(f"NOTE: {runtime.eager_note(why)}")
-        compile = False
+    compile, note = runtime.compile_choice(args.compile, rt)
+    if note:
+        print(f"NOTE: {note}")
     # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
     model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
     texts, tok_s, warm_up = sample(Engine(model, compile), prompt, args.num_samples, args.max_new_tokens,

@@ -52,6 +52,21 @@ def get_encoding(ranks_file=RANKS_FILE):
     )
 
 
+def encode_many(enc, texts, threads=1):
+    """[enc.encode_ordinary(text) for text in texts], on up to `threads` threads: tiktoken encodes without
+    the GIL. A thread takes a contiguous share of the texts, not a pool task per text as tiktoken's
+    encode_ordinary_batch makes (4x slower than one thread on 40k short texts)."""
+    texts = list(texts)
+    threads = max(1, min(threads, len(texts) // 256))  # a few hundred texts: one thread costs less
+    if threads == 1:
+        return [enc.encode_ordinary(text) for text in texts]
+    from concurrent.futures import ThreadPoolExecutor
+    cut = [len(texts) * k // threads for k in range(threads + 1)]
+    with ThreadPoolExecutor(threads) as pool:
+        shares = pool.map(lambda k: [enc.encode_ordinary(t) for t in texts[cut[k]:cut[k + 1]]], range(threads))
+        return [tokens for share in shares for tokens in share]
+
+
 @functools.lru_cache(maxsize=None)  # 50k decodes: once per run, not at every evaluation
 def token_bytes(enc, vocab_size):
     """vocab_size ints (a tuple: cached, so shared by every caller): each token's length in UTF-8 bytes of

@@ -1,58 +1,72 @@
-"""CORE's tokenizing and packing (core_eval.Prepared), timed side by side in one process: each few-shot example
-encoded once per task (core_eval.tokens, what core_eval.py does) against every prompt encoded whole (as
-db9da80 did), alternating; the packed batches are checked equal.
+"""CORE's tokenizing and packing (core_eval.Prepared) in this checkout against another checkout of the project,
+side by side: each tree's Prepared in a process of its own, alternating, on the same bundle, with the same
+threads; reading the bundle is not timed. Each run's wall time and its CPU time (all its threads: steadier
+than the wall on a shared machine) are reported. The packed batches of the two are checked equal.
 
-    python dev/make_core_bundle.py hellaswag_val.jsonl core_bench --n 2000
-    python dev/bench_core_tokenize.py core_bench --repeats 3
+    git worktree add /tmp/base db9da80
+    python dev/make_core_bundle.py hellaswag_val.jsonl core_bench        # 31,351 examples
+    python dev/bench_core_tokenize.py core_bench --against /tmp/base --repeats 3
 """
 import argparse
 import os
+import statistics
+import subprocess
 import sys
-import time
+import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import core_eval  # noqa: E402
-from runtime import Runtime  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = """
+import sys, time, torch
+sys.path.insert(0, ".")
+import core_eval
+from runtime import Runtime
+tasks = core_eval.load_tasks(sys.argv[1])
+rt = Runtime()
+rt.cpus = int(sys.argv[3])  # a tree older than Runtime.cpus ignores it
+t0, c0 = time.perf_counter(), time.process_time()
+prepared = core_eval.Prepared(tasks, rt, 16, 1024)
+print(time.perf_counter() - t0, time.process_time() - c0)
+torch.save(prepared.packed.data, sys.argv[2])
+"""
 
-PIECEWISE = core_eval.tokens
 
-
-def whole(text, cuts, enc, cache):
-    """Every prompt encoded whole: the cuts unused."""
-    return enc.encode_ordinary(text)
-
-
-def prepare(tasks, way):
-    core_eval.tokens = way
-    t0 = time.perf_counter()
-    prepared = core_eval.Prepared(tasks, Runtime(), 16, 1024)
-    return time.perf_counter() - t0, prepared
+def prepare(tree, bundle, out, cpus):
+    """(seconds, CPU seconds of all its threads) of core_eval.Prepared in tree, its packed data saved to
+    out."""
+    run = subprocess.run([sys.executable, "-c", CHILD, os.path.abspath(bundle), out, str(cpus)], cwd=tree,
+                         capture_output=True, text=True)
+    if run.returncode:
+        sys.exit(f"{tree}: {run.stderr[-2000:]}")
+    return tuple(map(float, run.stdout.split()[-2:]))
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("bundle")
+    parser.add_argument("bundle", help="a bundle folder (dev/make_core_bundle.py)")
+    parser.add_argument("--against", required=True, help="the other checkout (git worktree add DIR COMMIT)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpus", type=int, default=len(os.sched_getaffinity(0)),
+                        help="threads for encoding (default: the cores this process may use)")
     args = parser.parse_args()
-    tasks = core_eval.load_tasks(args.bundle)
-    print(f"{sum(len(t.examples) for t in tasks):,} examples in {len(tasks)} tasks "
-          f"({', '.join(f'{t.label}: {t.shots}-shot' for t in tasks)})")
-    times = {"whole": [], "each few-shot example once": []}
-    for _ in range(args.repeats):
-        for name, way in (("whole", whole), ("each few-shot example once", PIECEWISE)):
-            dt, prepared = prepare(tasks, way)
-            times[name].append(dt)
-            if name == "whole":
-                reference = prepared.packed.data
-            else:
-                assert torch.equal(prepared.packed.data, reference), "the packed batches differ"
+    trees = {"this tree": ROOT, args.against: os.path.abspath(args.against)}
+    times = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.repeats):
+            for t, (name, tree) in enumerate(trees.items()):
+                times[name].append(prepare(tree, args.bundle, os.path.join(tmp, f"{t}.pt"), args.cpus))
+                print(f"{name}: {times[name][-1][0]:.2f} s ({times[name][-1][1]:.2f} s of CPU)", flush=True)
+        same = torch.equal(*(torch.load(os.path.join(tmp, f"{t}.pt")) for t in range(2)))
     for name, ts in times.items():
-        print(f"{name}: median {sorted(ts)[len(ts) // 2]:.2f} s ({', '.join(f'{t:.2f}' for t in ts)})")
-    a, b = (sorted(ts)[len(ts) // 2] for ts in times.values())
-    print(f"ratio {a / b:.2f}x; packed batches equal")
+        print(f"{name}: median {statistics.median(t for t, _ in ts):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t, _ in ts)}); CPU {statistics.median(c for _, c in ts):.2f} s")
+    (mine, theirs), (mine_cpu, theirs_cpu) = ([statistics.median(x[k] for x in ts) for ts in times.values()]
+                                              for k in (0, 1))
+    print(f"ratio {theirs / mine:.2f}x (CPU time {theirs_cpu / mine_cpu:.2f}x); packed batches "
+          f"{'equal' if same else 'DIFFERENT'}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

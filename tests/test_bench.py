@@ -256,7 +256,7 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     out = tmp_path / "r"
     r = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    names = ["checks", "generation", "hellaswag", "ladder", "step64", "script", "memory"]
+    names = ["checks", "generation", "hellaswag", "core", "ladder", "step64", "script", "memory"]
     row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \|$", re.M)
     report = (out / "report.md").read_text()
     assert [(m.group(1), m.group(3)) for m in row.finditer(report)] == [(n, "finished") for n in names]
@@ -273,6 +273,8 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert "accounting.py estimate" in report and "measured largest micro-batch: CUDA only" in report
     assert re.search(r"^\| [\d.]+ s \| [\d.]+ s \| [\d.]+ s, [\d.]+ s \| [\d,]+ \|$", report, re.M)  # HellaSwag
+    assert re.search(r"^CORE \(80 examples in 5 tasks, .*, eager, \d+ threads tokenizing", report, re.M)
+    assert re.search(r"^\| 4 \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| [\d,]+ \| -?[\d.]+ \|$", report, re.M)
     ladder_checks((out / "ladder.md").read_text())
 
     capsys.readouterr()

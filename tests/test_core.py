@@ -5,6 +5,7 @@ setting."""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import urllib.error
@@ -123,7 +124,8 @@ def test_packed_equals_the_one_example_reference(model, bundle):
     assert [t.label for t in tasks] == ["mc_zeroshot", "mc_fewshot", "schema", "lm_short", "lm_long", "lm_greedy"]
     enc = get_encoding()
     long = tasks[4]
-    assert all(len(enc.encode_ordinary(core_eval.prompts(long, i)[0][1])) > BLOCK for i in range(len(long.examples)))
+    assert all(len(enc.encode_ordinary("".join(core_eval.prompts(long, i)[1]))) > BLOCK
+               for i in range(len(long.examples)))
     got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 3, BLOCK), Runtime())
     ref = reference(model, bundle)
     flat = [ok for right, _ in ref.values() for ok in right]
@@ -223,21 +225,25 @@ def test_inline_core_logs_every_task(tmp_path, text, bundle):
 
 @pytest.mark.slow
 def test_cli_and_torchrun_agree(tmp_path, bundle, model):
-    """python core_eval.py from the repo root prints the table and CORE and writes --json; 2 gloo processes
-    under torchrun give the same numbers."""
+    """python core_eval.py from the repo root, compiled (--compile=True on a CPU: Inductor), prints the table,
+    CORE and its time split, and writes --json; 2 eager gloo processes under torchrun give the same
+    numbers."""
     ckpt = save_model(model.float(), tmp_path / "m.pt")
     model.double()
     args = ["core_eval.py", "--model", ckpt, "--bundle", bundle, "--device", "cpu"]
-    one = subprocess.run([sys.executable] + args + ["--json", str(tmp_path / "one.json")], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run([sys.executable] + args + ["--compile=True", "--json", str(tmp_path / "one.json")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert "| mc_fewshot | 3 | multiple_choice |" in one.stdout and "\nCORE " in one.stdout
+    assert "| mc_fewshot | 3 | multiple_choice |" in one.stdout
+    assert re.search(r"\nCORE -?[.\d]+ \(72 examples, 6 tasks; [.\d]+ s: reading [.\d]+ s, tokenizing and "
+                     r"packing [.\d]+ s, forwards, compiling included [.\d]+ s\)", one.stdout), one.stdout
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
                          + args + ["--json", str(tmp_path / "two.json")], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert json.load(open(tmp_path / "one.json")) == json.load(open(tmp_path / "two.json"))
-    assert json.load(open(tmp_path / "one.json"))["tasks"]["lm_greedy"]["n"] == 12
+    one, two = (json.load(open(tmp_path / f"{n}.json")) for n in ("one", "two"))
+    assert {k: one[k] for k in ("core", "tasks")} == {k: two[k] for k in ("core", "tasks")}
+    assert one["tasks"]["lm_greedy"]["n"] == 12 and "forwards" in two["seconds"]
 def test_padded_lengths_are_few_and_pad_the_least():
     """At most `most` lengths, each batch padded to one at or above its longest row, and no other grouping of
     consecutive batches pads fewer tokens (all of them tried)."""
@@ -276,11 +282,13 @@ def test_padded_lengths_are_few_and_pad_the_least():
 
 
 
-def test_few_shot_prompts_encode_as_their_whole_texts():
-    """core_eval.tokens encodes each few-shot example once and joins the parts: on prompts made to stress the
-    cuts (spaces and other whitespace at either end, the delimiters "", " ", "\\n" and "\\nAnswer: ", digits,
-    punctuation, contractions, non-ASCII, choices without a leading space), every prompt's tokens are its whole
-    text's, and the few-shot parts came from the cache."""
+def test_prompts_encode_in_parts_as_their_whole_texts():
+    """core_eval.parts keeps a prompt's pieces apart (its few-shot examples, its context, its delimiter and
+    what follows) where a non-space meets whitespace, and Prepared encodes each distinct part once: on
+    prompts made to stress the cuts (spaces and other whitespace at either end, the delimiters "", " ",
+    "\\n" and "\\nAnswer: ", digits, punctuation, contractions, non-ASCII, choices without a leading space),
+    every prompt's parts, encoded and joined, are its whole text's tokens, and cuts of both kinds were made.
+    The pieces join into the texts as nanochat renders them (test_packed_equals_the_one_example_reference)."""
     enc = get_encoding()
     bits = ["word", "word ", " word", "12", " 3.5", "!", "?!", " ", "\t", "\n", "é", "日本", "🙂", "'s", "don't",
             "  ", "\u00a0", "\u2028", "a\n", "\n\n", "x\r", "\x1c", "Answer:", "end."]
@@ -288,7 +296,7 @@ def test_few_shot_prompts_encode_as_their_whole_texts():
 
     def text():
         return "".join(rng.choice(bits) for _ in range(rng.randint(1, 5)))
-    made = 0
+    made, cut = 0, {"few-shot": 0, "delimiter": 0}
     for delim in ("", " ", "\n", "\nAnswer: "):
         rows = {"multiple_choice": [{"query": text(), "choices": [text() for _ in range(3)], "gold": j % 3}
                                     for j in range(12)],
@@ -297,14 +305,20 @@ def test_few_shot_prompts_encode_as_their_whole_texts():
                 "language_modeling": [{"context": text(), "continuation": text()} for j in range(12)]}
         for kind, examples in rows.items():
             task = core_eval.Task("t", kind, 5, delim, 0.0, examples)
-            cache = {}
+            demos = ["\n\n" + core_eval.demo(task, row) for row in examples]
             for i in range(len(examples)):
-                texts, cuts = core_eval.prompts(task, i)
-                for t in texts:
-                    assert core_eval.tokens(t, cuts, enc, cache) == enc.encode_ordinary(t), (delim, kind, t)
+                assert core_eval.prompts(task, i, demos) == core_eval.prompts(task, i)
+                for pieces in core_eval.prompts(task, i, demos):
+                    t, kept = "".join(pieces), core_eval.parts(pieces)
+                    assert "".join(kept) == t and all(kept[:-1])
+                    joined = [token for part in kept for token in enc.encode_ordinary(part)]
+                    assert joined == enc.encode_ordinary(t), (delim, kind, t, kept)
+                    last = len(pieces) > 6 and kept[-1] == pieces[-1]  # 5 shots, the context, what follows
+                    cut["delimiter"] += last
+                    cut["few-shot"] += len(kept) - 1 - last
                     made += 1
-            assert cache, (delim, kind)  # some cuts were made
     assert made == 4 * 12 * (3 + 2 + 2)
+    assert cut["few-shot"] > 100 and cut["delimiter"] > 20, cut
 
 
 def test_edge_cases_score_as_nanochat_does(model):
@@ -324,10 +338,10 @@ def test_edge_cases_score_as_nanochat_does(model):
                              for i in range(4)]),
              core_eval.Task("few", "multiple_choice", 5, " ", 50.0,
                             [{"query": f"Is {i} even?", "choices": ["yes", "no"], "gold": i % 2} for i in range(3)])]
-    assert all(len(core_eval.prompts(tasks[2], i)[1]) == 2 for i in range(3))  # 2 shots: all the others
+    assert all(len(core_eval.prompts(tasks[2], i)[0]) == 2 + 2 for i in range(3))  # 2 shots (all the others)
 
     def nanochat(task, i):
-        seqs = [[enc.eot_token] + enc.encode_ordinary(t) for t in core_eval.prompts(task, i)[0]]
+        seqs = [[enc.eot_token] + enc.encode_ordinary("".join(t)) for t in core_eval.prompts(task, i)]
         n = min(len(s) for s in seqs)
         if task.kind == "multiple_choice":
             k = next((j for j in range(n) if any(s[j] != seqs[0][j] for s in seqs)), n)
