@@ -21,7 +21,7 @@ from engine import Engine
 from errors import UserError
 from model import GPT, GPTConfig
 from runtime import Runtime
-from tokenizer import get_encoding
+from tokenizer import encode_many, get_encoding
 
 BLOCK = 64  # few positions: lm_long's prompts are cropped
 
@@ -296,7 +296,7 @@ def test_prompts_encode_in_parts_as_their_whole_texts():
 
     def text():
         return "".join(rng.choice(bits) for _ in range(rng.randint(1, 5)))
-    made, cut = 0, {"few-shot": 0, "delimiter": 0}
+    made, cut, texts = 0, {"few-shot": 0, "delimiter": 0}, []
     for delim in ("", " ", "\n", "\nAnswer: "):
         rows = {"multiple_choice": [{"query": text(), "choices": [text() for _ in range(3)], "gold": j % 3}
                                     for j in range(12)],
@@ -317,8 +317,11 @@ def test_prompts_encode_in_parts_as_their_whole_texts():
                     cut["delimiter"] += last
                     cut["few-shot"] += len(kept) - 1 - last
                     made += 1
+                    texts += kept
     assert made == 4 * 12 * (3 + 2 + 2)
     assert cut["few-shot"] > 100 and cut["delimiter"] > 20, cut
+    assert len(texts) > 3 * 256  # encode_many's threads: each takes a share, in order
+    assert encode_many(enc, texts, threads=3) == [enc.encode_ordinary(t) for t in texts]
 
 
 def test_edge_cases_score_as_nanochat_does(model):
