@@ -7,6 +7,8 @@ import dataclasses
 import re
 import time
 
+from model import HEAD_CHUNK
+
 def count_params(config, non_embedding=False):
     """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
     C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
@@ -91,7 +93,9 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     then ln_f's and lm_head's inputs and the loss's fp32 log-probabilities (V each a token: the logits
     themselves are not kept, GPT.forward returns none with a loss), and the int64 inputs and targets.
     With grad_checkpoint a block keeps only its fp32 input and one block's activations are live at a time in
-    backward.
+    backward. With chunked_loss (model.ChunkedHeadLoss) the head keeps, instead of the log-probabilities, the
+    fp32 gradient of its input (4·C a token) and of lm_head (4 bytes a weight), and the logits are a chunk's:
+    HEAD_CHUNK rows in the compute dtype, in fp32, and their gradient in the compute dtype.
     logits: not kept for backward, but the logits and, under autocast, their fp32 copy exist at once while
     the loss is computed (an eager step's peak; a compiled step fuses them away).
     FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
@@ -109,7 +113,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
     N = count_params(config)
     layer = 2 * 4 * C + 2 * 2 * 4 + a * (12 * C + 2 * kv) + 4 * config.n_head  # bytes a token
     # ln_f, lm_head input, log-probs, idx/targets
-    head = 4 * C + 2 * 4 + a * C + 4 * V + 2 * 8
+    head = 4 * C + 2 * 4 + a * C + (4 * C if config.chunked_loss else 4 * V) + 2 * 8
     blocks = L * 4 * C + layer if config.grad_checkpoint else L * layer
     one, two = (count_params(dataclasses.replace(config, n_layer=n)) for n in (1, 2))
     block = two - one  # parameters of one Block
@@ -124,7 +128,8 @@ def training_memory(config, B, T, dtype="bf16", shards=1):
         "weight_copies": 0 if dtype == "fp32" else 2 * (V * C if shards > 1 else matrices),
         "activations": B * T * (blocks + head),
         # not kept, but alive together while the loss is computed: the logits and (autocast) their fp32 copy
-        "logits": B * T * V * (a + (0 if a == 4 else 4)),
+        "logits": (HEAD_CHUNK * V * (2 * a + 4) + 4 * V * C) if config.chunked_loss else
+        B * T * V * (a + (0 if a == 4 else 4)),
     }
     parts["total"] = sum(parts.values())
     return parts

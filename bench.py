@@ -8,6 +8,7 @@ GPU figure README quotes, in one command.
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
     python bench.py --only step --B 64   # the training step as train_gpt2.py runs it, at B=64
+    python bench.py --only levers --B 64 # each opt-in GPU lever A/B against that step
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
@@ -61,19 +62,22 @@ def fmt_bytes(n):
 
 def build(size, s, device):
     torch.manual_seed(0)
-    return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
+    return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"],
+                         chunked_loss=s.get("chunked_loss", False))).to(device)
 
 
-def training_step(size, s, B, T, rt):
+def training_step(size, s, B, T, rt, fresh=True):
     """A closure running train_gpt2.py's training step (one micro-step: forward, backward, clip, AdamW) with
-    the rung's settings s, GPT-2's AdamW at 6e-4."""
+    the rung's settings s, GPT-2's AdamW at 6e-4. fresh: Dynamo's caches emptied first (each rung compiles
+    afresh; an A/B keeps both sides' code)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
-    torch._dynamo.reset()  # each rung compiles afresh
+    if fresh:
+        torch._dynamo.reset()
     rung = dataclasses.replace(rt, dtype="bf16" if s["bf16"] else "fp32")
     model = build(size, s, rt.device)
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
     no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
-    compiled = torch.compile(model) if s["compile"] else model
+    compiled = torch.compile(model, mode=s.get("mode", "default")) if s["compile"] else model
     models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
     return lambda: train_step(batch, models, opts, no_scaling, rung, 1.0)
@@ -131,6 +135,53 @@ def ladder(size, B, T, rt, steps, warmup, rows):
         print(lines[-1], flush=True)
         prev = dt
     return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
+
+
+LEVERS = [  # (label, what it changes in the step of every rung, micro-batch multiple): opt-in settings of
+    # train_gpt2.py, each kept or deleted by its A/B here on a GPU (README's Speed section)
+    ("chunked loss (--chunked_loss=True)", {"chunked_loss": True}, 1),
+    ("chunked loss at twice the micro-batch", {"chunked_loss": True}, 2),
+    ("CUDA graphs (--compile_mode=reduce-overhead)", {"mode": "reduce-overhead"}, 1),
+    ("autotuned kernels (--compile_mode=max-autotune-no-cudagraphs)", {"mode": "max-autotune-no-cudagraphs"}, 1),
+]
+
+
+def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
+    """Each lever A/B against the plain step (every rung but skip's on) at B x T: both built and warmed, then
+    timed in turns, rounds of steps/rounds steps each, the medians compared as tokens per second (a lever at
+    twice the micro-batch runs 2B rows a step); each side's peak memory above what both hold."""
+    plain = {**BASE, **{k: v for _, switch in rungs(skip) for k, v in switch.items()}}
+    lines = [f"GPU levers, A/B in turns against the plain step (every rung on) at B={B}, T={T}:", "",
+             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak | lever peak |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print("\n".join(lines), flush=True)
+    base_step = training_step(size, plain, B, T, rt)
+    for label, change, times in LEVERS:
+        try:
+            step = training_step(size, {**plain, **change}, B * times, T, rt, fresh=False)
+            sides = {"plain": [base_step, [], None], "lever": [step, [], None]}  # step, seconds, peak (CUDA)
+            for side in sides.values():
+                time_steps(side[0], rt.kind, 1, warmup)
+            for _ in range(rounds):
+                for side in sides.values():
+                    synchronize(rt.kind)
+                    before = torch.cuda.memory_allocated() if rt.kind == "cuda" else 0
+                    dt, peak = time_steps(side[0], rt.kind, max(1, steps // rounds), 0)
+                    side[1].append(dt)
+                    side[2] = None if peak is None else max(side[2] or 0, peak - before)
+            del step
+        except Exception as e:  # twice the micro-batch may not fit
+            if not is_out_of_memory(e):
+                raise
+            lines.append(f"| {label} | {B * times} | out of memory | | | | |")
+            print(lines[-1], flush=True)
+            continue
+        (_, plain_s, plain_peak), (_, lever_s, lever_peak) = sides.values()
+        a, b = statistics.median(plain_s), statistics.median(lever_s)
+        lines.append(f"| {label} | {B * times} | {a * 1000:.1f} | {b * 1000:.1f} | {times * a / b:.3f}x | "
+                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
 
 
 PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
@@ -453,7 +504,7 @@ def core_cost(size, rt, data, compile, batch_sizes):
     return lines + [""]
 
 
-ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax")
+ONLY = ("training", "step", "levers", "generation", "hellaswag", "core", "memory", "softmax")
 EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
 
 
@@ -529,6 +580,8 @@ def main():
                     print(line, flush=True)
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
+        elif part == "levers":
+            report += levers(size, B, T, rt, steps, warmup, skip)
         elif part == "generation":
             compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))

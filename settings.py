@@ -40,6 +40,7 @@ CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores 
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
@@ -107,7 +108,13 @@ def fit(s, given, rt, resume):
 def model_shape(s):
     """The GPTConfig of settings s: the model a run from scratch builds (a resume or fine-tune has its
     weights' shape in s by then, so this is theirs too)."""
-    return GPTConfig(**{k: getattr(s, k) for k in MODEL}, grad_checkpoint=s.grad_checkpoint)
+    return GPTConfig(**{k: getattr(s, k) for k in MODEL}, **how_it_trains(s))
+
+
+def how_it_trains(s):
+    """The GPTConfig fields that change how the model trains, not what it computes: a run's own, whatever
+    the weights it starts from."""
+    return {"grad_checkpoint": s.grad_checkpoint, "chunked_loss": s.chunked_loss}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -245,6 +252,8 @@ def validate(cfg, rt):
     exists (settings that work but are likely mistakes get their NOTE in fit)."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
+    if cfg["compile_mode"] not in COMPILE_MODES:
+        raise UserError(f"--compile_mode={cfg['compile_mode']!r}: use {', '.join(COMPILE_MODES)}")
     if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
         raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
                         f"{','.join(TRACKERS)}, or \"\" for none")
@@ -252,6 +261,9 @@ def validate(cfg, rt):
         raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
                         f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
                         f"upgrade torch or drop --fsdp (DDP)")
+    if cfg["compile_mode"] != "default" and cfg["fsdp"]:
+        raise UserError(f"--compile_mode={cfg['compile_mode']} is for DDP and one GPU: under --fsdp=True the "
+                        "model compiles region by region, in the default mode; drop one of them")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
         raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
                         "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "

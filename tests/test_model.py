@@ -1,3 +1,4 @@
+import dataclasses
 import datetime
 import math
 import os
@@ -224,7 +225,7 @@ def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
     gradients in the forward): the same loss and gradients as the plain lm_head + cross_entropy written
     here, over several chunks (the last one short), with ignored targets and the loss scaled before
     backward (fp16), in train mode or not. Without gradients (evaluation) the plain path runs."""
-    monkeypatch.setattr(model.ChunkedHeadLoss, "CHUNK", 7)
+    monkeypatch.setattr(model, "HEAD_CHUNK", 7)
     calls, apply = [], model.ChunkedHeadLoss.apply
     monkeypatch.setattr(model.ChunkedHeadLoss, "apply", lambda *a: calls.append(1) or apply(*a))
     x = torch.randint(0, 512, (2, 16))
@@ -249,6 +250,45 @@ def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
     for name in g0:  # fp32 rounding: summed in another order
         assert (g0[name] - g1[name]).abs().max() <= 2e-6 * g1[name].abs().max(), name
     assert m.transformer.wte.weight.grad.abs().sum() > 0
+
+
+def test_chunked_loss_is_the_plain_loss_compiled_and_under_autocast(monkeypatch):
+    """GPTConfig.chunked_loss (train_gpt2.py --chunked_loss, the GPU lever: ChunkedHeadLoss inside the
+    compiled step) gives the plain lm_head + cross_entropy's loss and gradients, written here: in fp32 to
+    float rounding, traced by torch.compile as one graph (fullgraph; aot_eager: the autograd graphs Inductor
+    would get); under bf16 autocast to bf16's rounding (its matmuls in bf16 as autocast's, the loss in fp32).
+    Eager on a CPU it is the scratch path every CPU step takes. Several chunks, the last one short, ignored
+    targets."""
+    monkeypatch.setattr(model, "HEAD_CHUNK", 7)
+    x = torch.randint(0, 512, (2, 16))
+    y = x.roll(-1, 1)
+    y[0, :5] = -1
+
+    def run(chunked, dtype=None, compiled=False):
+        m = build(tiny(chunked_loss=chunked)).train()
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype is not None):
+            if chunked:
+                step = torch.compile(m, backend="aot_eager", fullgraph=True) if compiled else m
+                logits, loss = step(x, y)
+                assert logits is None
+            else:
+                logits, _ = m(x)
+                loss = torch.nn.functional.cross_entropy(logits.float().view(-1, 512), y.view(-1),
+                                                         ignore_index=-1)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    for dtype, tol in ((None, 2e-6), (torch.bfloat16, 2e-2)):
+        plain, g1 = run(False, dtype)
+        for compiled in (False, True):
+            loss, g0 = run(True, dtype, compiled)
+            assert torch.allclose(loss, plain, rtol=tol, atol=0), (dtype, compiled, loss, plain)
+            for name in g0:
+                assert (g0[name] - g1[name]).abs().max() <= tol * g1[name].abs().max(), (dtype, compiled, name)
+                assert g0[name].dtype == torch.float32
+    big = GPTConfig(vocab_size=50304)
+    assert training_memory(dataclasses.replace(big, chunked_loss=True), 128, 1024)["total"] < \
+        training_memory(big, 64, 1024)["total"]  # B=128 with the lever, against B=64 without (eager)
 
 
 @pytest.mark.slow
