@@ -291,7 +291,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
     device = rt.device
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
-    engine = Engine(model, compile)
+    span = 256 if rt.kind == "cuda" else 16  # the --span lever: attend over the filled cache, in steps of it
+    engine, spanned = Engine(model, compile), Engine(model, compile, span=span)
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
         "compiled decode step" if compile else "eager"
@@ -299,8 +300,9 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
              f"weights and the whole cache read once a decode step"
              + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
              "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing tok/s "
-             "| cache / recompute | same tokens | compiling and warm-up |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"| cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, A/B in turns "
+             "| same tokens |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     warmed = set()
 
@@ -316,19 +318,28 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
         with autocast(device, rt.dtype):
             if batch not in warmed:  # a decode step per batch size: compiled and captured once
                 warm = f"{timed(lambda: engine.generate(idx, 2, top_k=1))[1]:.1f} s"
+                spanned.generate(idx, new, top_k=1)  # each of its spans compiled and captured once
                 warmed.add(batch)
             _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
             for use_cache in (True, False):
                 for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
                     outs[use_cache], seconds[use_cache] = timed(lambda: engine.generate(
                         idx, new, top_k=1, use_cache=use_cache))
+            turns = {True: [seconds[True]], False: []}  # whole cache, then --span, in turns
+            for _ in range(2):
+                for whole, e in ((False, spanned), (True, engine)):
+                    outs[whole, "span"], dt = timed(lambda: e.generate(idx, new, top_k=1))
+                    turns[whole].append(dt)
+        ratio = statistics.median(turns[True]) / statistics.median(turns[False])
+        same_span = (outs[False, "span"] == outs[True])[:, prompt_len:].float().mean().item()
         rates = {k: batch * new / v for k, v in seconds.items()}
         per_step = max(seconds[True] - first, 1e-9) / max(new - 1, 1)
         gbs = decode_bytes(model, batch) / per_step / 1e9
         used = f"{gbs:,.0f} GB/s" + ("" if bandwidth is None else f" ({gbs * 1e9 / bandwidth:.0%})")
         same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
         lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
-                     f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} |")
+                     f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
+                     f"{batch * new / statistics.median(turns[False]):,.0f} ({ratio:.2f}x) | {same_span:.0%} |")
         print(lines[-1], flush=True)
     return lines + [""]
 

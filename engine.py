@@ -26,18 +26,20 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # (T,)
+        self.span = config.block_size  # the positions attended: all, or (Decoder's span) the filled ones
 
     def update(self, layer, k, v):
-        """Store k, v (B, n_kv_head, T, hs) at positions pos; return the layer's whole cache, (B, n_kv_head,
-        block_size, hs) each."""
+        """Store k, v (B, n_kv_head, T, hs) at positions pos; return the layer's cache of the first span
+        positions, (B, n_kv_head, span, hs) each."""
         self.k[layer][:, :, self.pos] = k  # index_put_: compiled, it writes into the cache in place
         self.v[layer][:, :, self.pos] = v
-        return self.k[layer], self.v[layer]
+        return self.k[layer][:, :, :self.span], self.v[layer][:, :, :self.span]
 
     def first_rows(self, n, pos):
         """A cache over the first n rows of this one (views: writing one writes the other), its pos pos."""
         rows = copy.copy(self)
         rows.k, rows.v, rows.pos = [k[:n] for k in self.k], [v[:n] for v in self.v], pos
+        rows.span = self.k[0].size(2)  # a prompt attends over the whole cache
         return rows
 
 
@@ -81,10 +83,15 @@ class Decoder:
     """Cached decoding of one batch size: its KVCache, and the decode step's input token and position as
     device tensors that each step overwrites. compile: the step through torch.compile with fixed shapes
     (compiled once: nothing about a step changes its graph) and, on CUDA, captured once as a CUDA graph and
-    replayed: one launch instead of ~200, each step's input copied into the graph's own."""
+    replayed: one launch instead of ~200, each step's input copied into the graph's own. span: attend over
+    the cache's filled positions only, rounded up to a multiple of span (a graph for each multiple, at
+    most 8: Dynamo's recompile limit), not its whole block_size (sample.py --span; awaits a GPU's verdict:
+    a decode step at batch 8 reads more cache than weights at block_size 1024); 0: the whole cache."""
 
-    def __init__(self, model, batch, dtype, device, compile):
-        self.model, self.graph = model, None
+    def __init__(self, model, batch, dtype, device, compile, span=0):
+        block_size = model.config.block_size
+        self.model, self.graphs, self.logits = model, {}, {}
+        self.span = max(span, -(-block_size // 8)) if span else block_size
         self.cache = KVCache(model.config, batch, dtype, device)  # its pos: the step's position, (1,)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # (B, 1)
         self.fn = (torch.compile(own_copy(self.decode), fullgraph=True, dynamic=False) if compile
@@ -115,20 +122,21 @@ class Decoder:
         device, not a copy from the host)."""
         self.tok.copy_(tok)
         self.cache.pos.fill_(pos)
+        span = self.cache.span = min(-(-(pos + 1) // self.span) * self.span, self.model.config.block_size)
         if not self.graphed:
             return self.fn(self.tok, self.cache)
-        if self.graph is None:  # compile (the warm-up calls, on a side stream as capture needs), then capture
+        if span not in self.graphs:  # compile (the warm-up calls, on a side stream as capture needs), capture
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # they write this step's keys and values, which the replay rewrites
                     self.fn(self.tok, self.cache)
             torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self.fn(self.tok, self.cache)  # its output: rewritten by each replay
-        self.graph.replay()
-        return self.logits
+            self.graphs[span] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graphs[span]):
+                self.logits[span] = self.fn(self.tok, self.cache)  # its output: rewritten by each replay
+        self.graphs[span].replay()
+        return self.logits[span]
 
 
 class Engine:
@@ -137,8 +145,8 @@ class Engine:
     launches a token become one. It costs a compile (tens of seconds) the first time: for many tokens, not
     for a few."""
 
-    def __init__(self, model, compile=False):
-        self.model, self.compile, self.decoders = model, compile, {}
+    def __init__(self, model, compile=False, span=0):
+        self.model, self.compile, self.span, self.decoders = model, compile, span, {}
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
@@ -179,8 +187,8 @@ class Engine:
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
             self.model.lm_head.weight.dtype
         if not self.compile:  # nothing to keep but memory: made anew each time
-            return Decoder(self.model, batch, dtype, device, compile=False)
+            return Decoder(self.model, batch, dtype, device, False, self.span)
         key = (batch, str(device), dtype)
         if key not in self.decoders or self.decoders[key].storage != weight_storage(self.model):  # moved
-            self.decoders[key] = Decoder(self.model, batch, dtype, device, compile=True)
+            self.decoders[key] = Decoder(self.model, batch, dtype, device, True, self.span)
         return self.decoders[key]

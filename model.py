@@ -193,13 +193,15 @@ class ChunkedHeadLoss(torch.autograd.Function):
     """lm_head and the mean cross-entropy (targets of -1 ignored) with the gradients computed in the forward,
     chunk rows at a time (HEAD_CHUNK): x (N, C), weight (vocab_size, C), targets (N,), scratch (>= chunk,
     vocab_size) or None, chunk -> the loss. No (N, vocab_size) tensor is ever whole.
-    On a CPU's eager step (scratch; fp32 throughout, under --dtype=bf16 too): the plain way allocates four (N, vocab_size) tensors
-    every micro-step (206 MB each at B=8, T=128), each a fresh mmap that the kernel zero-fills page by page,
-    half of a step's time; the scratch stays allocated from step to step.
-    With GPTConfig.chunked_loss (compiled, on a GPU; no scratch: the matmuls in autocast's dtype): the plain way's bf16
-    logits, their fp32 copy and their gradient are each B*T x vocab_size (6.6 GB and more at B=64), which
-    caps B; here a chunk's are. The matmuls round as autocast's would: the logits in dtype, then fp32; the
-    logits' gradient in dtype for the two gradient matmuls."""
+    On a CPU's eager step (scratch; fp32 throughout, under --dtype=bf16 too): the plain way allocates four
+    (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap that the kernel
+    zero-fills page by page, half of a step's time; the scratch stays allocated from step to step.
+    With GPTConfig.chunked_loss (compiled, on a GPU; no scratch: the matmuls in autocast's dtype): the plain
+    way's bf16 logits, their fp32 copy and their gradient are each B*T x vocab_size (6.6 GB and more at
+    B=64), which caps B; here a chunk's are. The matmuls round as autocast's would: the logits in dtype, then
+    fp32; the logits' gradient in dtype for the two gradient matmuls. Inductor compiles it (checked on a
+    CPU: the plain loss to 1e-7)."""
+
     @staticmethod
     def forward(ctx, x, weight, targets, scratch, chunk):
         device = x.device.type
@@ -306,8 +308,8 @@ class GPT(nn.Module):
                              f"the input to the last {self.config.block_size} tokens or use a larger "
                              "block_size")
         if cache is not None:  # query t sees the cached keys at positions <= pos[t]
-            pos, keys = cache.pos, torch.arange(self.config.block_size, device=idx.device)
-            attn_mask = (keys <= pos[:, None])[None]  # (1, T, block_size)
+            pos, keys = cache.pos, torch.arange(cache.span, device=idx.device)  # span: block_size, or fewer
+            attn_mask = (keys <= pos[:, None])[None]  # (1, T, span)
         if pos is None:
             pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.embed(idx, pos)  # (B, T, C)

@@ -63,9 +63,11 @@ def main():
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--compile", default="auto", choices=["auto", "True", "False"],
                         help="compile the decode step and replay it as a CUDA graph (auto: on CUDA)")
+    parser.add_argument("--span", type=int, default=0, help="attend over the filled cache only, in steps "
+                        "of this many positions (a compiled graph each); 0: the whole cache (engine.Decoder)")
     args = parser.parse_args()
     for option, bounds in (("num_samples", (1,)), ("max_new_tokens", (1,)), ("temperature", (None, None, 0)),
-                           ("top_k", (0,)), ("seed", (0,))):
+                           ("top_k", (0,)), ("seed", (0,)), ("span", (0,))):
         check_range(f"--{option}", getattr(args, option), *bounds)
     prompt = args.prompt
     if prompt.startswith("FILE:"):
@@ -85,8 +87,8 @@ def main():
         print(f"NOTE: {note}")
     # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
     model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
-    texts, tok_s, warm_up = sample(Engine(model, compile), prompt, args.num_samples, args.max_new_tokens,
-                                   args.temperature, args.top_k or None, args.seed, rt)
+    texts, tok_s, warm_up = sample(Engine(model, compile, args.span), prompt, args.num_samples,
+                                   args.max_new_tokens, args.temperature, args.top_k or None, args.seed, rt)
     for text in texts:
         print(text)
         print("-" * 80)

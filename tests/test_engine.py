@@ -242,3 +242,26 @@ def test_a_kept_decoder_is_remade_when_the_weights_move():
     fresh = engine.decoder(2, "cpu")
     assert fresh is not kept and engine.decoder(2, "cpu") is fresh
 
+
+
+def test_span_attends_over_the_filled_cache_only(monkeypatch):
+    """Engine(span=16): each decode step attends over the cache's first positions up to its own, rounded up
+    to a multiple of 16 (keys of 16, 32, 48, 64 here), not the whole block_size of 64: the same tokens and,
+    to float rounding, the same logits as the whole cache; compiled, one graph a multiple (a counting
+    backend), and a prompt after a long generation attends over the whole cache again."""
+    import functools
+    from torch._dynamo.testing import CompileCounter
+    m = build(tiny(block_size=64))
+    idx = torch.randint(0, 512, (2, 6))
+    with Recorder() as rec:
+        spanned = Engine(m, span=16).generate(idx, 56, top_k=1)  # positions 6..61
+    assert torch.equal(spanned, Engine(m).generate(idx, 56, top_k=1))
+    assert {k[2] for _, k in rec.attention[2:]} == {16, 32, 48, 64}  # keys of the decode steps (2 layers)
+    counter = CompileCounter()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
+    torch._dynamo.reset()
+    engine = Engine(m, compile=True, span=16)
+    assert torch.equal(engine.generate(idx, 56, top_k=1), spanned)
+    assert counter.frame_count == 4
+    long = torch.randint(0, 512, (2, 40))  # its prefill after spans of 16..64: all 40 positions seen
+    assert torch.equal(engine.generate(long, 8, top_k=1), Engine(m).generate(long, 8, top_k=1))
