@@ -65,7 +65,7 @@ embed_norm = False  # the token embeddings RMS-normalized before the first block
 max_lr = 6e-4  # peak learning rate (GPT-3 small's)
 min_lr_ratio = 0.1  # the cosine decays to max_lr * min_lr_ratio
 warmup_steps = 715  # linear warmup: 375M tokens, as GPT-3
-max_steps = 19073  # 19,073 x 524,288 = 10.0B tokens: edu_fineweb10B once, ~1.5% of it twice
+max_steps = 19073  # 19,073 x 524,288 = 10.0B tokens: edu_fineweb10B once (18,722 steps), then 351 more
 weight_decay = 0.1  # AdamW's, on matrices only (not biases, LayerNorms)
 optimizer = "adamw"  # adamw (GPT-2's recipe) or muon: Muon for the blocks' matrices, AdamW for the rest
 muon_lr = 0.02  # optimizer=muon: the Muon matrices' peak learning rate, nanochat's (max_lr: the AdamW part's)
