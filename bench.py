@@ -162,11 +162,11 @@ def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
             sides = {"plain": [base_step, [], None], "lever": [step, [], None]}  # step, seconds, peak (CUDA)
             for side in sides.values():
                 time_steps(side[0], rt.kind, 1, warmup)
-            for _ in range(rounds):
+            for _ in range(min(rounds, steps)):  # (a CPU's smoke test: one step, one round)
                 for side in sides.values():
                     synchronize(rt.kind)
                     before = torch.cuda.memory_allocated() if rt.kind == "cuda" else 0
-                    dt, peak = time_steps(side[0], rt.kind, max(1, steps // rounds), 0)
+                    dt, peak = time_steps(side[0], rt.kind, max(1, steps // min(rounds, steps)), 0)
                     side[1].append(dt)
                     side[2] = None if peak is None else max(side[2] or 0, peak - before)
             del step

@@ -34,10 +34,10 @@ if FAULT and os.environ.get("RANK") == "1":
         raise torch.OutOfMemoryError(f"CUDA out of memory in {phase} (injected)")
 
     if phase == "startup":
-        def encode(example, enc, block_size):
+        def encode_all(examples, enc, block_size, threads=1):
             raise UserError(f"a HellaSwag ending of 99 tokens does not fit the model's block_size={block_size}: "
                             "a larger block_size, or --hellaswag=0")
-        hellaswag.encode = encode
+        hellaswag.encode_all = encode_all
     elif phase == "step":
         REAL = model.GPT.forward
 
