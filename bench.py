@@ -25,6 +25,7 @@ ladder, the step at B=16 and 64, train_gpt2.py's first steps, generation, HellaS
 one's raw output beside DIR/report.md, which names the GPU, the versions, the date and the commit.
 """
 import contextlib
+import copy
 import dataclasses
 import datetime
 import os
@@ -80,7 +81,10 @@ def training_step(size, s, B, T, rt, fresh=True):
     compiled = torch.compile(model, mode=s.get("mode", "default")) if s["compile"] else model
     models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
-    return lambda: train_step(batch, models, opts, no_scaling, rung, 1.0)
+    def step():
+        return train_step(batch, models, opts, no_scaling, rung, 1.0)
+    step.trained = (model, opts)  # what levers() resets between its A/Bs
+    return step
 
 
 def time_steps(step, device, steps, warmup):
@@ -149,14 +153,21 @@ LEVERS = [  # (label, what it changes in the step of every rung, micro-batch mul
 def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
     """Each lever A/B against the plain step (every rung but skip's on) at B x T: both built and warmed, then
     timed in turns, rounds of steps/rounds steps each, the medians compared as tokens per second (a lever at
-    twice the micro-batch runs 2B rows a step); each side's peak memory above what both hold."""
+    twice the micro-batch runs 2B rows a step); each side's peak memory above what both hold; and the loss of
+    one more step of each, after the same number of steps from the same weights on the same tokens (a lever
+    that changes no arithmetic keeps it to rounding; twice the micro-batch trains on other tokens)."""
     plain = {**BASE, **{k: v for _, switch in rungs(skip) for k, v in switch.items()}}
     lines = [f"GPU levers, A/B in turns against the plain step (every rung on) at B={B}, T={T}:", "",
-             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak | lever peak |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak | lever peak | "
+             "loss then, plain / lever |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     base_step = training_step(size, plain, B, T, rt)
+    model, opts = base_step.trained
+    start = copy.deepcopy((model.state_dict(), [o.state_dict() for o in opts]))  # untrained, as each lever
     for label, change, times in LEVERS:
+        model.load_state_dict(start[0])  # in place: compiled code keeps reading the same tensors
+        for o, state in zip(opts, start[1]):
+            o.load_state_dict(state)
         try:
             step = training_step(size, {**plain, **change}, B * times, T, rt, fresh=False)
             sides = {"plain": [base_step, [], None], "lever": [step, [], None]}  # step, seconds, peak (CUDA)
@@ -169,17 +180,18 @@ def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
                     dt, peak = time_steps(side[0], rt.kind, max(1, steps // min(rounds, steps)), 0)
                     side[1].append(dt)
                     side[2] = None if peak is None else max(side[2] or 0, peak - before)
+            losses = [side[0]()[0] for side in sides.values()]  # train_step's (loss, norm, update)
             del step
         except Exception as e:  # twice the micro-batch may not fit
             if not is_out_of_memory(e):
                 raise
-            lines.append(f"| {label} | {B * times} | out of memory | | | | |")
+            lines.append(f"| {label} | {B * times} | out of memory | | | | | |")
             print(lines[-1], flush=True)
             continue
         (_, plain_s, plain_peak), (_, lever_s, lever_peak) = sides.values()
         a, b = statistics.median(plain_s), statistics.median(lever_s)
         lines.append(f"| {label} | {B * times} | {a * 1000:.1f} | {b * 1000:.1f} | {times * a / b:.3f}x | "
-                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} |")
+                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} | {losses[0]:.4f} / {losses[1]:.4f} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
