@@ -27,7 +27,7 @@ out = {}
 for fsdp, grad_checkpoint, backend in [(False, True, "aot_eager"), (True, False, "aot_eager"),
                                        (True, True, "aot_eager"), (True, False, None)]:
     torch._dynamo.reset()
-    torch.compile = lambda fn, backend=backend: compile(fn, backend=backend)
+    torch.compile = lambda fn, backend=backend, **kw: compile(fn, backend=backend, **kw)
     torch.manual_seed(0)
     raw = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=3, n_head=2, n_embd=32,
                         grad_checkpoint=grad_checkpoint))
