@@ -26,7 +26,6 @@ import urllib.error
 import urllib.request
 import zipfile
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 import torch
@@ -255,28 +254,27 @@ def encode(task, i, enc, block_size):
 
 class Prepared:
     """The tasks' examples as this rank's packed batches (packing.Prepared, one for all tasks), tokenized
-    and packed once: a training run prepares them once for all its evaluations. This rank's prompts are cut
-    into parts() and each distinct part of all the tasks is encoded once (a few-shot example recurs in 10
-    prompts and in each option, an example's context in each option, an option in the zero- and the 10-shot
-    version of a task), on rt.cpus threads."""
+    and packed once: a training run prepares them once for all its evaluations. A task at a time, this
+    rank's prompts are cut into parts() and each distinct part is encoded once (a few-shot example recurs in
+    10 prompts, and in each option; an example's context, in each option), on rt.cpus threads."""
 
     def __init__(self, tasks, rt, batch_size, block_size):
         self.tasks, self.task_of = tasks, [t for t, task in enumerate(tasks) for _ in task.examples]
-        first = [0, *accumulate(len(task.examples) for task in tasks)]  # each task's first item
-        enc, known, texts = get_encoding(), {}, {}  # known: the distinct parts -> their index
+        items, enc, at = [None] * len(self.task_of), get_encoding(), 0  # at: the task's first item
+        eot = np.array([enc.eot_token])
         with runtime.together(rt):  # an example only this rank encodes may be damaged: every rank stops
-            for t, task in enumerate(tasks):
+            for task in tasks:
+                mine = [i for i in range(len(task.examples)) if (at + i) % rt.world_size == rt.rank]
                 demos = ["\n\n" + demo(task, row) for row in task.examples] if task.shots else None
-                for k in range(first[t] + (rt.rank - first[t]) % rt.world_size, first[t + 1], rt.world_size):
-                    texts[k] = [[known.setdefault(part, len(known)) for part in parts(pieces)]
-                                for pieces in prompts(task, k - first[t], demos)]  # this rank's items
-            tokens = [np.array(t, dtype=np.int64) for t in encode_many(enc, known, rt.cpus)]  # (in order)
-            items, eot = [None] * len(self.task_of), np.array([enc.eot_token])
-            for k, item in texts.items():
-                seqs = [np.concatenate([eot] + [tokens[part] for part in text]) for text in item]
-                t = self.task_of[k]
-                seqs, spans, label = scored(tasks[t], k - first[t], seqs, block_size)
-                items[k] = (packing.pack(seqs, spans), label)
+                known = {}  # the task's distinct parts -> their index
+                texts = [[[known.setdefault(part, len(known)) for part in parts(pieces)]
+                          for pieces in prompts(task, i, demos)] for i in mine]
+                tokens = [np.array(t, dtype=np.int64) for t in encode_many(enc, known, rt.cpus)]  # (in order)
+                for i, item in zip(mine, texts):
+                    seqs = [np.concatenate([eot] + [tokens[part] for part in text]) for text in item]
+                    seqs, spans, label = scored(task, i, seqs, block_size)
+                    items[at + i] = (packing.pack(seqs, spans), label)
+                at += len(task.examples)
         self.packed = packing.Prepared(items, rt, batch_size)
 
 
