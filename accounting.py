@@ -9,6 +9,7 @@ import time
 
 from model import HEAD_CHUNK
 
+
 def count_params(config, non_embedding=False):
     """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
     C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim

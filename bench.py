@@ -31,6 +31,7 @@ import datetime
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,20 +147,24 @@ LEVERS = [  # (label, what it changes in the step of every rung, micro-batch mul
     ("chunked loss (--chunked_loss=True)", {"chunked_loss": True}, 1),
     ("chunked loss at twice the micro-batch", {"chunked_loss": True}, 2),
     ("CUDA graphs (--compile_mode=reduce-overhead)", {"mode": "reduce-overhead"}, 1),
-    ("autotuned kernels (--compile_mode=max-autotune-no-cudagraphs)", {"mode": "max-autotune-no-cudagraphs"}, 1),
+    ("autotuned kernels (--compile_mode=max-autotune-no-cudagraphs)",
+     {"mode": "max-autotune-no-cudagraphs"}, 1),
 ]
+ROUNDS = 3  # a lever's A/B: turns of each side's steps
 
 
-def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
-    """Each lever A/B against the plain step (every rung but skip's on) at B x T: both built and warmed, then
-    timed in turns, rounds of steps/rounds steps each, the medians compared as tokens per second (a lever at
-    twice the micro-batch runs 2B rows a step); each side's peak memory above what both hold; and the loss of
-    one more step of each, after the same number of steps from the same weights on the same tokens (a lever
-    that changes no arithmetic keeps it to rounding; twice the micro-batch trains on other tokens)."""
-    plain = {**BASE, **{k: v for _, switch in rungs(skip) for k, v in switch.items()}}
+def levers(size, plain, B, T, rt, timing):
+    """Each lever A/B against the plain step (plain: the settings of every rung on) at B x T: both built and
+    warmed (timing: (steps, warm-up steps)), then timed in turns, ROUNDS of steps/ROUNDS steps each (a
+    single step: one round), the medians compared as tokens per second (a lever at twice the micro-batch
+    runs 2B rows a step); each side's peak memory above what both hold; and the loss of one more step of
+    each, after the same number of steps from the same weights on the same tokens (a lever that changes no
+    arithmetic keeps it to rounding; twice the micro-batch trains on other tokens)."""
+    (steps, warmup), rounds = timing, min(ROUNDS, timing[0])
     lines = [f"GPU levers, A/B in turns against the plain step (every rung on) at B={B}, T={T}:", "",
-             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak | lever peak | "
-             "loss then, plain / lever |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak "
+             "| lever peak | loss then, plain / lever |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     base_step = training_step(size, plain, B, T, rt)
     model, opts = base_step.trained
@@ -173,11 +178,11 @@ def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
             sides = {"plain": [base_step, [], None], "lever": [step, [], None]}  # step, seconds, peak (CUDA)
             for side in sides.values():
                 time_steps(side[0], rt.kind, 1, warmup)
-            for _ in range(min(rounds, steps)):  # (a CPU's smoke test: one step, one round)
+            for _ in range(rounds):
                 for side in sides.values():
                     synchronize(rt.kind)
                     before = torch.cuda.memory_allocated() if rt.kind == "cuda" else 0
-                    dt, peak = time_steps(side[0], rt.kind, max(1, steps // min(rounds, steps)), 0)
+                    dt, peak = time_steps(side[0], rt.kind, steps // rounds, 0)
                     side[1].append(dt)
                     side[2] = None if peak is None else max(side[2] or 0, peak - before)
             losses = [side[0]()[0] for side in sides.values()]  # train_step's (loss, norm, update)
@@ -191,7 +196,8 @@ def levers(size, B, T, rt, steps, warmup, skip, rounds=3):
         (_, plain_s, plain_peak), (_, lever_s, lever_peak) = sides.values()
         a, b = statistics.median(plain_s), statistics.median(lever_s)
         lines.append(f"| {label} | {B * times} | {a * 1000:.1f} | {b * 1000:.1f} | {times * a / b:.3f}x | "
-                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} | {losses[0]:.4f} / {losses[1]:.4f} |")
+                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} | "
+                     f"{losses[0]:.4f} / {losses[1]:.4f} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
@@ -312,8 +318,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
              f"weights and the whole cache read once a decode step"
              + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
              "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing tok/s "
-             f"| cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, A/B in turns "
-             "| same tokens |",
+             f"| cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, A/B in "
+             "turns | same tokens |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     warmed = set()
@@ -351,7 +357,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
         same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
         lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
                      f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
-                     f"{batch * new / statistics.median(turns[False]):,.0f} ({ratio:.2f}x) | {same_span:.0%} |")
+                     f"{batch * new / statistics.median(turns[False]):,.0f} ({ratio:.2f}x) | "
+                     f"{same_span:.0%} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
@@ -489,7 +496,6 @@ def core_cost(size, rt, data, compile, batch_sizes):
     size, 31,351 examples of CORE's shapes; none: at most 16 a task, the HellaSwag-like ones cut from
     input.txt): reading, then at each batch size tokenizing and packing, the first evaluation (cold:
     compiling, where compiled) and a second (warm)."""
-    import subprocess
     import core_eval
     with tempfile.TemporaryDirectory() as tmp:
         source = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), 16)
@@ -506,8 +512,8 @@ def core_cost(size, rt, data, compile, batch_sizes):
     lines = [f"CORE ({n:,} examples in {len(tasks)} tasks, {counts}, from {data or 'input.txt'}; {rt.dtype}, "
              f"{'compiled' if compile else 'eager'}, {rt.cpus} threads tokenizing; reading the bundle "
              f"{read:.2f} s):", "",
-             "| examples a forward | tokenize and pack | first evaluation (cold) | second (warm) | examples/s "
-             "(warm) | CORE |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| examples a forward | tokenize and pack | first evaluation (cold) | second (warm) "
+             "| examples/s (warm) | CORE |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     for batch_size in batch_sizes:
         t0 = time.perf_counter()
@@ -604,7 +610,7 @@ def main():
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
         elif part == "levers":
-            report += levers(size, B, T, rt, steps, warmup, skip)
+            report += levers(size, {**BASE, **every}, B, T, rt, (steps, warmup))
         elif part == "generation":
             compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))

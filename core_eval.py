@@ -208,7 +208,7 @@ def parts(pieces):
     is no regex whitespace; SPACES are whitespace to both.)"""
     out = [pieces[0]]
     for piece in pieces[1:]:
-        if out[-1] and piece[:1] in SPACES and piece and not out[-1][-1].isspace():
+        if out[-1] and piece and piece[0] in SPACES and not out[-1][-1].isspace():
             out.append(piece)
         else:
             out[-1] += piece

@@ -344,15 +344,14 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         # a training loss in chunks with its gradients, no logits (ChunkedHeadLoss says why): a CPU's eager
         # step always, in its scratch (compiled code fuses the plain way); anything else with chunked_loss
-        training = targets is not None and reduction == "mean" and torch.is_grad_enabled()
-        if training and x.device.type == "cpu" and not torch.compiler.is_compiling():
-            if getattr(self, "scratch", None) is None:  # kept from step to step: see ChunkedHeadLoss
+        eager_cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+        if (targets is not None and reduction == "mean" and torch.is_grad_enabled()
+                and (eager_cpu or self.config.chunked_loss)):
+            if eager_cpu and getattr(self, "scratch", None) is None:  # kept from step to step
                 self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
+            scratch = self.scratch if eager_cpu else None  # None: the compiled form, in autocast's dtype
             return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
-                                               targets.view(-1), self.scratch, HEAD_CHUNK)
-        if training and self.config.chunked_loss:
-            return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
-                                               targets.view(-1), None, HEAD_CHUNK)
+                                               targets.view(-1), scratch, HEAD_CHUNK)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None

@@ -35,10 +35,11 @@ def common_prefix(sequences):
 def pack(sequences, spans):
     """An item as one row: the sequences' common prefix once, then each one's rest at the positions it has
     after the prefix. sequences: token lists or (int64) arrays; spans: (start, end) of each sequence's scored
-    tokens. Returns (rows, scored, n): rows
-    (3, length), the row's tokens, positions and group (-1 for prefix tokens, j for the rest of sequence j);
-    scored holds, for every scored token, (the row index of the token predicting it, the token, j); n the
-    number of sequences. A sequence's first token has nothing before it and is never scored."""
+    tokens. Returns (rows, scored, n): rows (3, length), the row's tokens, positions and group (-1 for prefix
+    tokens, j for the rest of sequence j); scored holds, for every scored token, (the row index of the token
+    predicting it, the token, j); n the number of sequences. A sequence's first token has nothing before it
+    and is never scored. (Two loops, the second filling scored from the row: stacking each sequence's
+    measured 30% slower.)"""
     sequences = [np.asarray(s, dtype=np.int64) for s in sequences]
     a, k = common_prefix(sequences), len(sequences)
     rows = np.empty((3, a + sum(len(s) - a for s in sequences)), dtype=np.int64)  # tokens, pos, group

@@ -40,7 +40,7 @@ CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores 
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # compile's
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",

@@ -63,7 +63,7 @@ def encode_many(enc, texts, threads=1):
     from concurrent.futures import ThreadPoolExecutor
     cut = [len(texts) * k // threads for k in range(threads + 1)]
     with ThreadPoolExecutor(threads) as pool:
-        shares = pool.map(lambda k: [enc.encode_ordinary(t) for t in texts[cut[k]:cut[k + 1]]], range(threads))
+        shares = pool.map(lambda a, b: [enc.encode_ordinary(t) for t in texts[a:b]], cut[:-1], cut[1:])
         return [tokens for share in shares for tokens in share]
 
 

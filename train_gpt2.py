@@ -90,7 +90,7 @@ compile = True  # torch.compile the model: ~2x faster steps after a minute of co
 fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
 chunked_loss = False  # lm_head + loss in chunks, no (B*T x vocab) logits: a bigger B fits (awaits a GPU run)
-compile_mode = "default"  # torch.compile's: default, reduce-overhead (CUDA graphs), max-autotune(-no-cudagraphs)
+compile_mode = "default"  # the step's: default, reduce-overhead (CUDA graphs), max-autotune(-no-cudagraphs)
 device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
 # auto: bf16 on GPUs that have it, else fp16 (loss scaling) on CUDA, else fp32; or bf16, fp16, fp32
 dtype = "auto"
@@ -302,11 +302,9 @@ def wrap_model(raw_model, s, rt):
             torch._dynamo.config.capture_profiler_record_function = True
         return Models(raw_model, maybe_compile(ddp_model, mode=s.compile_mode), maybe_compile(raw_model),
                       s.compile)
-    if s.compile_mode == "default":  # one compiled model for training and evaluation
-        model = maybe_compile(raw_model)
-        return Models(raw_model, model, model, s.compile)
-    # the step's mode for the step alone: evaluation's many shapes would each record a CUDA graph
-    return Models(raw_model, maybe_compile(raw_model, mode=s.compile_mode), maybe_compile(raw_model), s.compile)
+    step = maybe_compile(raw_model, mode=s.compile_mode)
+    evaluation = step if s.compile_mode == "default" else maybe_compile(raw_model)  # many shapes: no graphs
+    return Models(raw_model, step, evaluation, s.compile)
 
 
 def log_start(run, notes):

@@ -1,7 +1,7 @@
-"""CORE's tokenizing and packing (core_eval.Prepared) in this checkout against another checkout of the project,
-side by side: each tree's Prepared in a process of its own, alternating, on the same bundle, with the same
-threads; reading the bundle is not timed. Each run's wall time and its CPU time (all its threads: steadier
-than the wall on a shared machine) are reported. The packed batches of the two are checked equal.
+"""CORE's tokenizing and packing (core_eval.Prepared) in this checkout against another checkout of the
+project, side by side: each tree's Prepared in a process of its own, alternating, on the same bundle, with
+the same threads; reading the bundle is not timed. Each run's wall time and its CPU time (all its threads:
+steadier than the wall on a shared machine) are reported. The packed batches of the two are checked equal.
 
     git worktree add /tmp/base db9da80
     python dev/make_core_bundle.py hellaswag_val.jsonl core_bench        # 31,351 examples
