@@ -225,7 +225,8 @@ def trained_modern(seed=0):
 
 # The files whose tests take longest (compiling, torchrun) go first: each runs on one test worker
 # (--dist loadfile), and started last, one of them would leave the other worker idle at the end.
-LONGEST_FIRST = ("test_compile.py", "test_faults.py", "test_bench.py", "test_fsdp.py", "test_train.py", "test_eval.py")
+LONGEST_FIRST = ("test_compile.py", "test_faults.py", "test_bench.py", "test_fsdp.py", "test_train.py",
+                 "test_eval.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -174,8 +174,8 @@ def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
     import re
     import shutil
     for path, line, said in [  # each a KeyError traceback, or scored silently, at db9da80
-            ("mc/zeroshot.jsonl", '{"query": "q", "gold": 0}', "zeroshot.jsonl:13: a multiple_choice row without "
-                                                               "choices (a damaged bundle?)"),
+            ("mc/zeroshot.jsonl", '{"query": "q", "gold": 0}',
+             "zeroshot.jsonl:13: a multiple_choice row without choices (a damaged bundle?)"),
             ("mc/fewshot.jsonl", '{"query": "q", "choices": ["a", "b"], "gold": 2}',
              "fewshot.jsonl:13: gold=2 is not the index of one of its 2 options (a damaged bundle?)")]:
         fixed = write_core_bundle(tmp_path / "c")
@@ -290,8 +290,8 @@ def test_prompts_encode_in_parts_as_their_whole_texts():
     every prompt's parts, encoded and joined, are its whole text's tokens, and cuts of both kinds were made.
     The pieces join into the texts as nanochat renders them (test_packed_equals_the_one_example_reference)."""
     enc = get_encoding()
-    bits = ["word", "word ", " word", "12", " 3.5", "!", "?!", " ", "\t", "\n", "é", "日本", "🙂", "'s", "don't",
-            "  ", "\u00a0", "\u2028", "a\n", "\n\n", "x\r", "\x1c", "Answer:", "end."]
+    bits = ["word", "word ", " word", "12", " 3.5", "!", "?!", " ", "\t", "\n", "é", "日本", "🙂", "'s",
+            "don't", "  ", "\u00a0", "\u2028", "a\n", "\n\n", "x\r", "\x1c", "Answer:", "end."]
     rng = random.Random(0)
 
     def text():
@@ -334,13 +334,15 @@ def test_edge_cases_score_as_nanochat_does(model):
     the others (nanochat's sample() would raise)."""
     enc = get_encoding()
     tasks = [core_eval.Task("mc_empty", "multiple_choice", 0, "\n", 25.0,
-                            [{"query": f"Question {i}: who?", "choices": ["", "the king", "a fool"] if i % 2 else
-                              ["the king", "", "a fool"], "gold": i % 3} for i in range(6)]),
+                            [{"query": f"Question {i}: who?",
+                              "choices": ["", "the king", "a fool"] if i % 2 else ["the king", "", "a fool"],
+                              "gold": i % 3} for i in range(6)]),
              core_eval.Task("schema_same", "schema", 0, " ", 50.0,
-                            [{"context_options": ["The same words."] * 2, "continuation": "follow.", "gold": i % 2}
-                             for i in range(4)]),
+                            [{"context_options": ["The same words."] * 2, "continuation": "follow.",
+                              "gold": i % 2} for i in range(4)]),
              core_eval.Task("few", "multiple_choice", 5, " ", 50.0,
-                            [{"query": f"Is {i} even?", "choices": ["yes", "no"], "gold": i % 2} for i in range(3)])]
+                            [{"query": f"Is {i} even?", "choices": ["yes", "no"], "gold": i % 2}
+                             for i in range(3)])]
     assert all(len(core_eval.prompts(tasks[2], i)[0]) == 2 + 2 for i in range(3))  # 2 shots (all the others)
 
     def nanochat(task, i):
@@ -366,7 +368,7 @@ def test_edge_cases_score_as_nanochat_does(model):
     assert [ok for _, ok in got["predictions"]] == want
     assert [ok for _, ok in core_eval.evaluate_unbatched(model, tasks, Runtime())["predictions"]] == want
     assert want[6:10] == [True, False, True, False]  # identical contexts: option 0, whatever the gold
-    by_mean = {i: p for i, _, p, _ in packing.evaluate(model, core_eval.Prepared(tasks, Runtime(), 4, BLOCK).packed,
-                                                       Runtime())}
+    packed = core_eval.Prepared(tasks, Runtime(), 4, BLOCK).packed
+    by_mean = {i: p for i, _, p, _ in packing.evaluate(model, packed, Runtime())}
     assert [by_mean[i] for i in range(0, 6, 2)].count(1) == 0  # an empty option 1: never picked
     assert [by_mean[i] for i in range(1, 6, 2)] == [0, 0, 0]  # an empty option 0: always

@@ -161,7 +161,8 @@ def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tm
         ours, theirs = ([(rec["step"], rec[key]) for rec in recs if key in rec and "event" not in rec]
                         for recs in (got, want))
         assert [s for s, _ in ours] == [s for s, _ in theirs] == ([1, 2, 3, 4] if key == "loss" else [2, 4])
-        assert all(math.isclose(a, b, rel_tol=1e-5) for (_, a), (_, b) in zip(ours, theirs)), (key, ours, theirs)
+        assert all(math.isclose(a, b, rel_tol=1e-5) for (_, a), (_, b) in zip(ours, theirs)), \
+            (key, ours, theirs)
         if key in ("hellaswag", "core"):
             assert [v for _, v in ours] == [v for _, v in theirs]
     assert [rec["hellaswag_n"] for rec in got if "hellaswag_n" in rec] == [7, 7]

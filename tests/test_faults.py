@@ -287,10 +287,11 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
     log = tmp_path / "log"
     args = eval_args(tmp_path, text) + [f"--log_dir={log}", f"--collective_timeout={TIMEOUT}"]
     oom3 = "error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B (or --hellaswag, " \
-           "--core); the step is in model_000003.pt (step 3); rerun the same command, which evaluates step 3 first"
+           "--core); the step is in model_000003.pt (step 3); rerun the same command, which evaluates " \
+           "step 3 first"
     phases = [  # fault, rank 1's line, whether rank 0 met the failure in a collective (its own line), newest
-        ("startup", "error (rank 1): a HellaSwag ending of 99 tokens does not fit the model's block_size=1024",
-         False, None),
+        ("startup", "error (rank 1): a HellaSwag ending of 99 tokens does not fit the model's "
+                    "block_size=1024", False, None),
         ("step", "error (rank 1): out of memory in step 1 at B=4, T=32", True, None),
         ("checkpoint", "error (rank 1): out of memory writing step 2's checkpoint at B=4, T=32", False, 2),
         ("val", oom3, False, 3),
@@ -298,18 +299,18 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
         ("core", oom3, False, 3),
         ("bug:samples", "error (rank 1): evaluating step 3 failed (the traceback follows); the step is in "
                         "model_000003.pt (step 3)", False, 3),
-        ("step:3", "error (rank 1): out of memory in step 6 at B=4, T=32", True, 4),  # 4, 5, 6 after the resume
+        ("step:3", "error (rank 1): out of memory in step 6 at B=4, T=32", True, 4),  # 4, 5, 6 resumed
     ]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            f"--max-restarts={len(phases)}", SCRIPT] + args
     env = {**ENV, **fault_env(tmp_path, [fault for fault, *_ in phases]),
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # docs/model.md: a stale store can hang a restart
     started = datetime.datetime.now()
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=600)
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=600)
     out = r.stdout
     assert r.returncode == 0, out[-3000:]
-    attempts = re.split(r"^(?=NOTE: no CUDA device)", out, flags=re.M)[1:]  # rank 0's first line, each attempt
+    attempts = re.split(r"^(?=NOTE: no CUDA device)", out, flags=re.M)[1:]  # at rank 0's first line
     ended = [seconds(t) for t in re.findall(r"^E\d{4} (\S+) .*failed \(exitcode: 1\)", out, re.M)]
     assert len(attempts) == len(phases) + 1 and len(ended) == len(phases), out[-3000:]
     began = started.hour * 3600 + started.minute * 60 + started.second + started.microsecond / 1e6
@@ -333,7 +334,8 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
     one = tmp_path / "one"
     assert train_gpt2.main([a for a in args if not a.startswith("--log_dir")] + [f"--log_dir={one}"]) == 0
     ours, theirs = losses(log), losses(one)
-    assert sorted(ours) == list(range(1, 7)) and all(math.isclose(ours[k], theirs[k], rel_tol=1e-5) for k in ours)
+    assert sorted(ours) == list(range(1, 7))
+    assert all(math.isclose(ours[k], theirs[k], rel_tol=1e-5) for k in ours)
 
 
 @pytest.mark.slow
@@ -349,11 +351,12 @@ def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkp
     r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, ["hellaswag"]))
     errors = [line for line in r.stdout.splitlines() if line.startswith("error")]
     assert r.returncode == 1 and time.time() - t0 < TIMEOUT, r.stdout[-3000:]
-    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B (or "
-                                "--hellaswag, --core); the newest checkpoint is model_000002.pt (step 2)"), errors
-    assert errors[1:] == ["error: another process ended (its own line says why, if it could) while this one was "
-                          "evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the same command "
-                          "resumes from it (torchrun --max-restarts does by itself)"], errors
+    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower "
+                                "--eval_B (or --hellaswag, --core); the newest checkpoint is model_000002.pt "
+                                "(step 2)"), errors
+    assert errors[1:] == ["error: another process ended (its own line says why, if it could) while this one "
+                          "was evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the "
+                          "same command resumes from it (torchrun --max-restarts does by itself)"], errors
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000002.pt"]
     load_checkpoint(str(log / "model_000002.pt"))
     assert max(losses(log)) == 3

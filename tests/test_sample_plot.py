@@ -75,7 +75,8 @@ def test_sample_matches_generate_and_is_seeded(checkpoint):
     assert sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 8, Runtime())[0] != texts
     # an empty prompt starts a new document: <|endoftext|> goes in, not into the text (it did at db9da80)
     text, = sample.sample(Engine(model), "", 1, 5, 1.0, None, 0, Runtime())[0]
-    ref = Engine(model).generate(torch.tensor([[enc.eot_token]]), 5, generator=torch.Generator().manual_seed(0))
+    ref = Engine(model).generate(torch.tensor([[enc.eot_token]]), 5,
+                                 generator=torch.Generator().manual_seed(0))
     assert text == enc.decode(ref[0, 1:].tolist()) and not text.startswith("<|endoftext|>")
 
 

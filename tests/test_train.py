@@ -433,7 +433,8 @@ def test_overrides_are_checked():
     (["--optimizer=muon", "--fsdp=True"], "--optimizer=muon does not work with --fsdp=True: .* drop --fsdp"),
     (["--compile_mode=fast"], "--compile_mode='fast': use default, reduce-overhead, max-autotune, "
                               "max-autotune-no-cudagraphs"),
-    (["--compile_mode=reduce-overhead", "--fsdp=True"], "--compile_mode=reduce-overhead is for DDP and one GPU"),
+    (["--compile_mode=reduce-overhead", "--fsdp=True"],
+     "--compile_mode=reduce-overhead is for DDP and one GPU"),
 ])
 def test_bad_settings(tmp_path, argv, match):
     with pytest.raises(UserError, match=match):
@@ -449,7 +450,8 @@ def test_the_gpu_levers_are_settings(tmp_path, monkeypatch, text):
     runs = {}
     for name, extra in (("plain", []), ("chunked", ["--chunked_loss=True"])):
         log = tmp_path / name
-        assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=3", f"--log_dir={log}"] + extra) == 0
+        argv = TINY + [f"--data_root={text}", "--max_steps=3", f"--log_dir={log}"] + extra
+        assert train_gpt2.main(argv) == 0
         runs[name] = [r["loss"] for r in records(log) if "loss" in r]
     assert len(runs["plain"]) == 3 and runs["chunked"] == pytest.approx(runs["plain"], rel=1e-6)
     modes, marks = [], []
@@ -731,14 +733,14 @@ def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_
 def test_a_short_run_and_a_tiny_corpus_say_each_thing_once(tmp_path, capsys, text):
     """max_steps below warmup_steps: one NOTE (db9da80 said it twice, in two wordings). A corpus whose
     validation split holds no row: one line, without the NOTE about evaluating on its rows before it."""
-    assert train_gpt2.main(TINY + ["--max_steps=1", f"--data_root={text}", f"--log_dir={tmp_path / 'a'}"]) == 0
+    assert train_gpt2.main(TINY + ["--max_steps=1", f"--data_root={text}", f"--log_dir={tmp_path}/a"]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE")]
     assert sum("warmup_steps" in line for line in notes) == 1, notes
     small = tmp_path / "small.txt"
     small.write_text("To be, or not to be. " * 40)
     with pytest.raises(UserError, match=r"^the validation split of .*small.txt holds no row of T\+1 = 65 "
                                         "tokens: lower T, or give it more text$"):
-        train_gpt2.main(TINY + [f"--data_root={small}", "--T=64", "--max_steps=1", f"--log_dir={tmp_path / 'b'}"])
+        train_gpt2.main(TINY + [f"--data_root={small}", "--T=64", "--max_steps=1", f"--log_dir={tmp_path}/b"])
     assert "evaluating on those" not in capsys.readouterr().out
 
 

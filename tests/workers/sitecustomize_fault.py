@@ -35,8 +35,8 @@ if FAULT and os.environ.get("RANK") == "1":
 
     if phase == "startup":
         def encode_all(examples, enc, block_size, threads=1):
-            raise UserError(f"a HellaSwag ending of 99 tokens does not fit the model's block_size={block_size}: "
-                            "a larger block_size, or --hellaswag=0")
+            raise UserError(f"a HellaSwag ending of 99 tokens does not fit the model's "
+                            f"block_size={block_size}: a larger block_size, or --hellaswag=0")
         hellaswag.encode_all = encode_all
     elif phase == "step":
         REAL = model.GPT.forward
@@ -52,7 +52,8 @@ if FAULT and os.environ.get("RANK") == "1":
             return call(model, prepared, rt, desc, progress)
         packing.predict = predict
     else:
-        owner, name = {"checkpoint": (checkpoint, "gather_state"), "val": (dataloader.DataLoaderLite, "read_rows"),
+        owner, name = {"checkpoint": (checkpoint, "gather_state"),
+                       "val": (dataloader.DataLoaderLite, "read_rows"),
                        "samples": (engine.Engine, "generate")}[phase]
         REAL = getattr(owner, name)
         setattr(owner, name, fail)
