@@ -152,26 +152,32 @@ def checked(row, where, kind):
 
 def prompts(task, i, demos=None):
     """The texts to score for example i of task, one per option (multiple choice, schema) or the context
-    without and with its continuation (language modelling), each a list of pieces that join into it: its
-    few-shot examples (each after the blank line that ends the one before), the example's context, then its
-    delimiter with what follows; parts() cuts a text only between pieces. demos: "\\n\\n" + demo(row) of
-    each row, made once per task (Prepared), else made here for the drawn ones."""
+    without and with its continuation (language modelling), as (head, tails): each text is the pieces
+    head + tail, for each of tails. The pieces: its few-shot examples (each after the blank line that ends
+    the one before: demo()'s two pieces), the example's context, then its delimiter with what follows;
+    parts() cuts a text only between pieces, and head's once for all its texts. demos: demo() of each row,
+    made once per task (Prepared), else made here for the drawn ones."""
     rows, d = task.examples, task.delimiter
-    shots = [demos[k] if demos else "\n\n" + demo(task, rows[k]) for k in drawn(task, i)]
+    shots = [piece for k in drawn(task, i) for piece in (demos[k] if demos else demo(task, rows[k]))]
     if shots:
         shots[0] = shots[0][2:]  # the first follows the <|endoftext|>, not a blank line
     lead = "\n\n" if shots else ""
     ex = rows[i]
     if task.kind == "multiple_choice":
-        context = lead + ex["query"]
-        return [[*shots, context, d + choice] for choice in ex["choices"]]
+        return [*shots, lead + ex["query"]], [[d + choice] for choice in ex["choices"]]
     if task.kind == "schema":
-        return [[*shots, lead + context, d + ex["continuation"]] for context in ex["context_options"]]
+        return shots, [[lead + context, d + ex["continuation"]] for context in ex["context_options"]]
     context = lead + ex["context"].strip()
     without, last = "".join(shots) + context + d, (context + d).rstrip()
     if not last or without[:1].isspace():  # strip() would reach past the last piece: one piece each
-        return [[without.strip()], [without + ex["continuation"]]]
-    return [[*shots, last], [*shots, context, d + ex["continuation"]]]
+        return [], [[without.strip()], [without + ex["continuation"]]]
+    return shots, [[last], [context, d + ex["continuation"]]]
+
+
+def texts(task, i):
+    """Example i's texts to score, each whole (prompts())."""
+    head, tails = prompts(task, i)
+    return ["".join(head + tail) for tail in tails]
 
 
 def drawn(task, i):
@@ -186,13 +192,15 @@ def drawn(task, i):
 
 
 def demo(task, row):
-    """A row's text as a few-shot example: its context, the delimiter, its right continuation."""
+    """A row as a few-shot example, in two pieces: a blank line and its context, then the delimiter and its
+    right continuation. Those are the pieces of the row's own prompt, so parts() finds the same parts in
+    both, and each is encoded once."""
     d = task.delimiter
     if task.kind == "multiple_choice":
-        return f"{row['query']}{d}{row['choices'][row['gold']]}"
+        return "\n\n" + row["query"], d + row["choices"][row["gold"]]
     if task.kind == "schema":
-        return f"{row['context_options'][row['gold']]}{d}{row['continuation']}"
-    return f"{row['context'].strip()}{d}{row['continuation']}"
+        return "\n\n" + row["context_options"][row["gold"]], d + row["continuation"]
+    return "\n\n" + row["context"].strip(), d + row["continuation"]
 
 
 SPACES = " \t\n\v\f\r"  # whitespace to Python and to GPT-2's pre-tokenizer (regex \s: Unicode's White_Space)
@@ -206,13 +214,20 @@ def parts(pieces):
     off ends in a non-space); BPE merges within a pre-token. So the parts' tokens, joined, are the whole
     text's. (str.isspace() holds for every White_Space character and a few more, so a character it rejects
     is no regex whitespace; SPACES are whitespace to both.)"""
-    out = [pieces[0]]
+    out = pieces[:1]
     for piece in pieces[1:]:
         if out[-1] and piece and piece[0] in SPACES and not out[-1][-1].isspace():
             out.append(piece)
         else:
             out[-1] += piece
     return out
+
+
+def split(head, tails):
+    """parts() of each text head + tail (prompts()), as [head's parts but its last] + [each text's other
+    parts], head cut once: parts() folds from the left, looking at the part it holds and the next piece."""
+    head = parts(head)
+    return [head[:-1]] + [parts(head[-1:] + tail) for tail in tails]
 
 
 def scored(task, i, seqs, block_size):
@@ -248,8 +263,8 @@ def scored(task, i, seqs, block_size):
 def encode(task, i, enc, block_size):
     """scored() of example i, each prompt encoded whole: the one-example path (evaluate_unbatched), against
     which the parts Prepared encodes are tested."""
-    return scored(task, i, [np.array([enc.eot_token] + enc.encode_ordinary("".join(pieces))) for pieces in
-                            prompts(task, i)], block_size)
+    return scored(task, i, [np.array([enc.eot_token] + enc.encode_ordinary(text)) for text in texts(task, i)],
+                  block_size)
 
 
 class Prepared:
@@ -265,13 +280,14 @@ class Prepared:
         with runtime.together(rt):  # an example only this rank encodes may be damaged: every rank stops
             for task in tasks:
                 mine = [i for i in range(len(task.examples)) if (at + i) % rt.world_size == rt.rank]
-                demos = ["\n\n" + demo(task, row) for row in task.examples] if task.shots else None
+                demos = [demo(task, row) for row in task.examples] if task.shots else None
                 known = {}  # the task's distinct parts -> their index
-                texts = [[[known.setdefault(part, len(known)) for part in parts(pieces)]
-                          for pieces in prompts(task, i, demos)] for i in mine]
+                ids = [[[known.setdefault(part, len(known)) for part in p]
+                        for p in split(*prompts(task, i, demos))] for i in mine]  # [shared, *each text's]
                 tokens = [np.array(t, dtype=np.int64) for t in encode_many(enc, known, rt.cpus)]  # (in order)
-                for i, item in zip(mine, texts):
-                    seqs = [np.concatenate([eot] + [tokens[part] for part in text]) for text in item]
+                for i, (shared, *rests) in zip(mine, ids):
+                    shared = np.concatenate([eot] + [tokens[part] for part in shared])
+                    seqs = [np.concatenate([shared] + [tokens[part] for part in rest]) for rest in rests]
                     seqs, spans, label = scored(task, i, seqs, block_size)
                     items[at + i] = (packing.pack(seqs, spans), label)
                 at += len(task.examples)

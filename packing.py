@@ -27,8 +27,9 @@ def common_prefix(sequences):
     """The length of the token prefix all sequences (numpy arrays) share."""
     n, first = min(len(s) for s in sequences), sequences[0]
     for seq in sequences[1:]:
-        differ = np.flatnonzero(seq[:n] != first[:n])
-        n = int(differ[0]) if len(differ) else n
+        same = seq[:n] == first[:n]
+        if not same.all():
+            n = int(same.argmin())  # the first difference
     return n
 
 
@@ -49,8 +50,10 @@ def pack(sequences, spans):
     for j, (seq, (start, end)) in enumerate(zip(sequences, spans)):
         n = len(seq) - a
         rows[1, at:at + n], rows[2, at:at + n] = np.arange(a, a + n), j
-        p = np.arange(max(start, 1) - 1, max(end, 1))  # the positions predicting, and the last scored one
-        spans_at.append(np.where(p < a, p, p + (at - a)))  # their row indices: in the prefix, or j's rest
+        lo = max(start, 1) - 1
+        r = np.arange(lo, max(end, 1))  # the positions predicting, and the last scored one
+        r[max(a - lo, 0):] += at - a  # their row indices: those past the prefix are in j's rest
+        spans_at.append(r)
         at += n
     scored, at = np.empty((sum(len(r) - 1 for r in spans_at), 3), dtype=np.int64), 0
     for j, r in enumerate(spans_at):  # (row index predicting, the token it predicts, j)

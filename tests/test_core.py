@@ -124,7 +124,7 @@ def test_packed_equals_the_one_example_reference(model, bundle):
     assert [t.label for t in tasks] == ["mc_zeroshot", "mc_fewshot", "schema", "lm_short", "lm_long", "lm_greedy"]
     enc = get_encoding()
     long = tasks[4]
-    assert all(len(enc.encode_ordinary("".join(core_eval.prompts(long, i)[1]))) > BLOCK
+    assert all(len(enc.encode_ordinary(core_eval.texts(long, i)[1])) > BLOCK
                for i in range(len(long.examples)))
     got = core_eval.evaluate(model, core_eval.Prepared(tasks, Runtime(), 3, BLOCK), Runtime())
     ref = reference(model, bundle)
@@ -305,15 +305,18 @@ def test_prompts_encode_in_parts_as_their_whole_texts():
                 "language_modeling": [{"context": text(), "continuation": text()} for j in range(12)]}
         for kind, examples in rows.items():
             task = core_eval.Task("t", kind, 5, delim, 0.0, examples)
-            demos = ["\n\n" + core_eval.demo(task, row) for row in examples]
+            demos = [core_eval.demo(task, row) for row in examples]
             for i in range(len(examples)):
                 assert core_eval.prompts(task, i, demos) == core_eval.prompts(task, i)
-                for pieces in core_eval.prompts(task, i, demos):
-                    t, kept = "".join(pieces), core_eval.parts(pieces)
-                    assert "".join(kept) == t and all(kept[:-1])
+                head, tails = core_eval.prompts(task, i, demos)
+                shared, *rests = core_eval.split(head, tails)
+                for tail, rest in zip(tails, rests):
+                    pieces, kept = head + tail, shared + rest
+                    t = "".join(pieces)
+                    assert kept == core_eval.parts(pieces) and "".join(kept) == t and all(kept[:-1])
                     joined = [token for part in kept for token in enc.encode_ordinary(part)]
                     assert joined == enc.encode_ordinary(t), (delim, kind, t, kept)
-                    last = len(pieces) > 6 and kept[-1] == pieces[-1]  # 5 shots, the context, what follows
+                    last = len(pieces) > 6 and kept[-1] == pieces[-1]  # 5 shots of 2 pieces, context, rest
                     cut["delimiter"] += last
                     cut["few-shot"] += len(kept) - 1 - last
                     made += 1
@@ -343,10 +346,10 @@ def test_edge_cases_score_as_nanochat_does(model):
              core_eval.Task("few", "multiple_choice", 5, " ", 50.0,
                             [{"query": f"Is {i} even?", "choices": ["yes", "no"], "gold": i % 2}
                              for i in range(3)])]
-    assert all(len(core_eval.prompts(tasks[2], i)[0]) == 2 + 2 for i in range(3))  # 2 shots (all the others)
+    assert all(len(core_eval.prompts(tasks[2], i)[0]) == 2 * 2 + 1 for i in range(3))  # 2 shots, query
 
     def nanochat(task, i):
-        seqs = [[enc.eot_token] + enc.encode_ordinary("".join(t)) for t in core_eval.prompts(task, i)]
+        seqs = [[enc.eot_token] + enc.encode_ordinary(t) for t in core_eval.texts(task, i)]
         n = min(len(s) for s in seqs)
         if task.kind == "multiple_choice":
             k = next((j for j in range(n) if any(s[j] != seqs[0][j] for s in seqs)), n)
