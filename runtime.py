@@ -249,6 +249,9 @@ def setup(device="auto", dtype="auto", timeout=None):
         dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait,
                                 device_id=torch.device(rt.device) if rt.kind == "cuda" else None)
         rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
+        # every rank connected before any leaves: a rank that stops at once (a mistake every rank finds, only
+        # local rank 0 says) would break the connections a slower rank is still making, with a traceback
+        dist.barrier(group=rt.patient)
     rt.memory = device_memory(rt.device)  # None off CUDA
     if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
         rt.memory = min(all_gather(rt.memory))

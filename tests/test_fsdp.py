@@ -203,7 +203,8 @@ def test_a_stopped_worker_times_out_and_torchrun_restarts_the_run(runs, tmp_path
     said = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and said[0].startswith("error: no answer from another process for 3 s "
                                                  "(--collective_timeout) while this one was "), out[-3000:]
-    assert "The newest checkpoint is model_000004.pt (step 4)" in said[0] and 3 <= waited < 30, waited
+    # rank 0's 3 s run from when it began to wait, which may be a moment before rank 1 stopped
+    assert "The newest checkpoint is model_000004.pt (step 4)" in said[0] and 2.5 <= waited < 30, waited
     starts = [r for r in records(log) if r.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # restarted once, from a checkpoint
     assert losses(log) == losses(d / "fsdp") and loss_steps(log) == list(range(1, 9))  # bit for bit

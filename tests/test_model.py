@@ -612,6 +612,7 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     monkeypatch.setattr(runtime, "device_memory", lambda device: 80 * 2**30)
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append((a, k)))
     monkeypatch.setattr(runtime.dist, "new_group", lambda **k: groups.append(((), k)) or "patient")
+    monkeypatch.setattr(runtime.dist, "barrier", lambda group: groups.append(("barrier", group)))
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(runtime.dist, "all_gather_object",
                         lambda out, obj: out.__setitem__(slice(None), [obj, 40 * 2**30]))
@@ -621,10 +622,11 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     assert calls[:2] == [("set_device", "cuda:1"), "high"] and set(calls[2:]) == {("capability", "cuda:1")}
     # the steps' collectives wait the timeout given; the patient group, for checkpoint files, 30 minutes (NCCL
     # would abort the ranks waiting for a checkpoint after its default 10 minutes); NCCL is told the rank's
-    # GPU
+    # GPU; then every rank waits for the others to be connected
     assert groups == [(("nccl",), {"timeout": datetime.timedelta(seconds=300),
                                    "device_id": torch.device("cuda:1")}),
-                      ((), {"timeout": datetime.timedelta(minutes=30)})] and rt.patient == "patient"
+                      ((), {"timeout": datetime.timedelta(minutes=30)}), ("barrier", "patient")]
+    assert rt.patient == "patient"
     rt = runtime.setup("cuda", "bf16")
     assert rt.dtype == "bf16"
     if capability < (8, 0):
