@@ -170,6 +170,10 @@ def levers(size, plain, B, T, rt, timing):
     model, opts = base_step.trained
     start = copy.deepcopy((model.state_dict(), [o.state_dict() for o in opts]))  # untrained, as each lever
     for label, change, times in LEVERS:
+        if "mode" in change and not plain["compile"]:  # the same eager step on both sides: nothing to time
+            lines.append(f"| {label} | {B * times} | not timed: a compile mode, compile skipped | | | | | |")
+            print(lines[-1], flush=True)
+            continue
         model.load_state_dict(start[0])  # in place: compiled code keeps reading the same tensors
         for o, state in zip(opts, start[1]):
             o.load_state_dict(state)
