@@ -586,6 +586,7 @@ def main():
         raise UserError(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
     if len(skip) == len(RUNGS):
         raise UserError("--skip leaves no rung to measure")
+    compiles = "False" if "compile" in skip else "auto"  # generation's and CORE's --compile: on CUDA
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
     B = args.B or (16 if cuda else 4)
@@ -616,13 +617,13 @@ def main():
         elif part == "levers":
             report += levers(size, {**BASE, **every}, B, T, rt, (steps, warmup))
         elif part == "generation":
-            compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
+            compile, _ = runtime.compile_choice(compiles, rt)
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))
             report += generation(size, rt, compile, runs)
         elif part == "hellaswag":
             report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 8, n=64 if cuda else 16)
         elif part == "core":
-            compile = cuda and "compile" not in skip and runtime.compile_blocker(rt) is None
+            compile, _ = runtime.compile_choice(compiles, rt)
             report += core_cost(size, rt, args.hellaswag_data, compile, (16, 64) if cuda else (4,))
         elif part == "memory":
             extra = memory(size, last_s, B, T, rt, last_mem)
