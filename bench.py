@@ -8,7 +8,6 @@ GPU figure README quotes, in one command.
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
     python bench.py --only step --B 64   # the training step as train_gpt2.py runs it, at B=64
-    python bench.py --only levers --B 64 # each opt-in GPU lever A/B against that step
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
@@ -25,7 +24,6 @@ ladder, the step at B=16 and 64, train_gpt2.py's first steps, generation, HellaS
 one's raw output beside DIR/report.md, which names the GPU, the versions, the date and the commit.
 """
 import contextlib
-import copy
 import dataclasses
 import datetime
 import os
@@ -64,27 +62,24 @@ def fmt_bytes(n):
 
 def build(size, s, device):
     torch.manual_seed(0)
-    return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"],
-                         chunked_loss=s.get("chunked_loss", False))).to(device)
+    return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
 
 
-def training_step(size, s, B, T, rt, fresh=True):
+def training_step(size, s, B, T, rt):
     """A closure running train_gpt2.py's training step (one micro-step: forward, backward, clip, AdamW) with
-    the rung's settings s, GPT-2's AdamW at 6e-4. fresh: Dynamo's caches emptied first (each rung compiles
-    afresh; an A/B keeps both sides' code)."""
+    the rung's settings s, GPT-2's AdamW at 6e-4. Dynamo's caches are emptied first: each rung compiles
+    afresh."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
-    if fresh:
-        torch._dynamo.reset()
+    torch._dynamo.reset()
     rung = dataclasses.replace(rt, dtype="bf16" if s["bf16"] else "fp32")
     model = build(size, s, rt.device)
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
     no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
-    compiled = torch.compile(model, mode=s.get("mode", "default")) if s["compile"] else model
+    compiled = torch.compile(model) if s["compile"] else model
     models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
     def step():
         return train_step(batch, models, opts, no_scaling, rung, 1.0)
-    step.trained = (model, opts)  # what levers() resets between its A/Bs
     return step
 
 
@@ -140,70 +135,6 @@ def ladder(size, B, T, rt, steps, warmup, rows):
         print(lines[-1], flush=True)
         prev = dt
     return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
-
-
-LEVERS = [  # (label, what it changes in the step of every rung, micro-batch multiple): opt-in settings of
-    # train_gpt2.py, each kept or deleted by its A/B here on a GPU (README's Speed section)
-    ("chunked loss (--chunked_loss=True)", {"chunked_loss": True}, 1),
-    ("chunked loss at twice the micro-batch", {"chunked_loss": True}, 2),
-    ("CUDA graphs (--compile_mode=reduce-overhead)", {"mode": "reduce-overhead"}, 1),
-    ("autotuned kernels (--compile_mode=max-autotune-no-cudagraphs)",
-     {"mode": "max-autotune-no-cudagraphs"}, 1),
-]
-ROUNDS = 3  # a lever's A/B: turns of each side's steps
-
-
-def levers(size, plain, B, T, rt, timing):
-    """Each lever A/B against the plain step (plain: the settings of every rung on) at B x T: both built and
-    warmed (timing: (steps, warm-up steps)), then timed in turns, ROUNDS of steps/ROUNDS steps each (a
-    single step: one round), the medians compared as tokens per second (a lever at twice the micro-batch
-    runs 2B rows a step); each side's peak memory above what both hold; and the loss of one more step of
-    each, after the same number of steps from the same weights on the same tokens (a lever that changes no
-    arithmetic keeps it to rounding; twice the micro-batch trains on other tokens)."""
-    (steps, warmup), rounds = timing, min(ROUNDS, timing[0])
-    lines = [f"GPU levers, A/B in turns against the plain step (every rung on) at B={B}, T={T}:", "",
-             "| lever | rows | plain ms/step | lever ms/step | tok/s, lever / plain | plain peak "
-             "| lever peak | loss then, plain / lever |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    print("\n".join(lines), flush=True)
-    base_step = training_step(size, plain, B, T, rt)
-    model, opts = base_step.trained
-    start = copy.deepcopy((model.state_dict(), [o.state_dict() for o in opts]))  # untrained, as each lever
-    for label, change, times in LEVERS:
-        if "mode" in change and not plain["compile"]:  # the same eager step on both sides: nothing to time
-            lines.append(f"| {label} | {B * times} | not timed: a compile mode, compile skipped | | | | | |")
-            print(lines[-1], flush=True)
-            continue
-        model.load_state_dict(start[0])  # in place: compiled code keeps reading the same tensors
-        for o, state in zip(opts, start[1]):
-            o.load_state_dict(state)
-        try:
-            step = training_step(size, {**plain, **change}, B * times, T, rt, fresh=False)
-            sides = {"plain": [base_step, [], None], "lever": [step, [], None]}  # step, seconds, peak (CUDA)
-            for side in sides.values():
-                time_steps(side[0], rt.kind, 1, warmup)
-            for _ in range(rounds):
-                for side in sides.values():
-                    synchronize(rt.kind)
-                    before = torch.cuda.memory_allocated() if rt.kind == "cuda" else 0
-                    dt, peak = time_steps(side[0], rt.kind, steps // rounds, 0)
-                    side[1].append(dt)
-                    side[2] = None if peak is None else max(side[2] or 0, peak - before)
-            losses = [side[0]()[0] for side in sides.values()]  # train_step's (loss, norm, update)
-            del step
-        except Exception as e:  # twice the micro-batch may not fit
-            if not is_out_of_memory(e):
-                raise
-            lines.append(f"| {label} | {B * times} | out of memory | | | | | |")
-            print(lines[-1], flush=True)
-            continue
-        (_, plain_s, plain_peak), (_, lever_s, lever_peak) = sides.values()
-        a, b = statistics.median(plain_s), statistics.median(lever_s)
-        lines.append(f"| {label} | {B * times} | {a * 1000:.1f} | {b * 1000:.1f} | {times * a / b:.3f}x | "
-                     f"{fmt_bytes(plain_peak)} | {fmt_bytes(lever_peak)} | "
-                     f"{losses[0]:.4f} / {losses[1]:.4f} |")
-        print(lines[-1], flush=True)
-    return lines + [""]
 
 
 PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
@@ -537,7 +468,7 @@ def core_cost(size, rt, data, compile, batch_sizes):
     return lines + [""]
 
 
-ONLY = ("training", "step", "levers", "generation", "hellaswag", "core", "memory", "softmax")
+ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax")
 EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
 
 
@@ -614,8 +545,6 @@ def main():
                     print(line, flush=True)
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
-        elif part == "levers":
-            report += levers(size, {**BASE, **every}, B, T, rt, (steps, warmup))
         elif part == "generation":
             compile, _ = runtime.compile_choice(compiles, rt)
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))

@@ -54,10 +54,6 @@ def sections(out, cuda, device, hellaswag_data):
          bench("ladder", "--only", "training", *quick)),
         ("step64", "the training step at B=64",
          bench("step64", "--only", "step", "--B", "64" if cuda else "8", *quick)),
-        ("levers16", "the GPU levers at B=16, each A/B against the plain step",
-         bench("levers16", "--only", "levers", *quick)),
-        ("levers64", "the GPU levers at B=64, each A/B against the plain step",
-         bench("levers64", "--only", "levers", "--B", "64" if cuda else "8", *quick)),
         ("script", "train_gpt2.py's default recipe, its first steps (B=64 x 8 micro-steps)" if cuda else
          "train_gpt2.py, a tiny model's first steps",
          [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",

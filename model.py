@@ -34,9 +34,6 @@ class GPTConfig:
     # key/value heads: None = n_head (MHA), 1 = multi-query, between = grouped-query
     n_kv_head: Optional[int] = None
     grad_checkpoint: bool = False  # recompute each block in backward: activation memory for ~1/3 more compute
-    # the training loss by ChunkedHeadLoss everywhere (compiled, on GPUs), not only in a CPU's eager step: no
-    # (B*T, vocab_size) logits, so a bigger B fits (train_gpt2.py's chunked_loss; awaits a GPU's verdict)
-    chunked_loss: bool = False
     # False: explicit masked-softmax attention (a T x T matrix per head), bench.py's baseline
     flash: bool = True
     # Beyond GPT-2 (train_gpt2.py --recipe=modern), all off for GPT-2 and its checkpoints:
@@ -190,33 +187,24 @@ HEAD_CHUNK = 1024  # ChunkedHeadLoss's rows: large matmuls, and a 206 MB scratch
 
 
 class ChunkedHeadLoss(torch.autograd.Function):
-    """lm_head and the mean cross-entropy (targets of -1 ignored) with the gradients computed in the forward,
-    chunk rows at a time (HEAD_CHUNK): x (N, C), weight (vocab_size, C), targets (N,), scratch (>= chunk,
-    vocab_size) or None, chunk -> the loss. No (N, vocab_size) tensor is ever whole.
-    On a CPU's eager step (scratch; fp32 throughout, under --dtype=bf16 too): the plain way allocates four
-    (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap that the kernel
-    zero-fills page by page, half of a step's time; the scratch stays allocated from step to step.
-    With GPTConfig.chunked_loss (compiled, on a GPU; no scratch: the matmuls in autocast's dtype): the plain
-    way's bf16 logits, their fp32 copy and their gradient are each B*T x vocab_size (6.6 GB and more at
-    B=64), which caps B; here a chunk's are. The matmuls round as autocast's would: the logits in dtype, then
-    fp32; the logits' gradient in dtype for the two gradient matmuls. Inductor compiles it (checked on a
-    CPU: the plain loss to 1e-7)."""
+    """A CPU's eager training step: lm_head and the mean cross-entropy (targets of -1 ignored) with the
+    gradients computed in the forward, in fp32 (under autocast too), a chunk of rows at a time into scratch:
+    x (N, C), weight (vocab_size, C), targets (N,), scratch (chunk, vocab_size) -> the loss. The plain way
+    allocates four (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap
+    that the kernel zero-fills page by page; the scratch stays allocated from step to step. The CPU default's
+    whole run measured 1.20x faster for it (system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md).
+    Compiled code (a GPU's step) fuses the plain way: there it measured 0.923x, and it was removed."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, scratch, chunk):
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if scratch is None and torch.is_autocast_enabled(device) \
-            else torch.float32
+    def forward(ctx, x, weight, targets, scratch):
+        chunk = len(scratch)
         count = (targets != -1).sum().clamp(min=1)  # the mean is over the counted tokens
         loss = torch.zeros((), device=x.device)
         grad_x, grad_w = torch.empty_like(x), torch.zeros(weight.shape, device=weight.device)
-        with torch.autocast(device, enabled=False):  # dtype decides
-            x, w = x.to(dtype), weight.to(dtype)
+        with torch.autocast(x.device.type, enabled=False):  # fp32: no gradient rounded to zero under fp16
+            x, w = x.float(), weight.float()
             for i, (xc, tc) in enumerate(zip(x.split(chunk), targets.split(chunk))):
-                if scratch is None:
-                    logits = (xc @ w.t()).float()  # (rows, vocab_size)
-                else:
-                    logits = torch.mm(xc, w.t(), out=scratch[:len(xc)])
+                logits = torch.mm(xc, w.t(), out=scratch[:len(xc)])  # (rows, vocab_size)
                 counted = (tc != -1).float()
                 tc = tc.clamp(min=0)
                 lse = torch.logsumexp(logits, dim=1)
@@ -224,19 +212,16 @@ class ChunkedHeadLoss(torch.autograd.Function):
                 probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
                 # d(token's loss)/d(logits) = softmax - one-hot
                 probs[torch.arange(len(tc), device=tc.device), tc] -= 1
-                probs = probs.mul_(counted[:, None] / count).to(dtype)
+                probs = probs.mul_(counted[:, None] / count)
                 grad_x[i * chunk:i * chunk + len(xc)] = probs @ w
-                if dtype == torch.float32:  # one BLAS call adds into grad_w
-                    grad_w.addmm_(probs.t(), xc)
-                else:  # accumulated in fp32 over the chunks
-                    grad_w += (probs.t() @ xc).float()
+                grad_w.addmm_(probs.t(), xc)  # one BLAS call adds into it
         ctx.save_for_backward(grad_x, grad_w.to(weight.dtype))
         return loss / count
 
     @staticmethod
     def backward(ctx, grad):
         grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad, grad_w * grad, None, None, None
+        return grad_x * grad, grad_w * grad, None, None
 
 
 class Packing(NamedTuple):
@@ -342,16 +327,14 @@ class GPT(nn.Module):
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
         x = self.transformer.ln_f(x)
-        # a training loss in chunks with its gradients, no logits (ChunkedHeadLoss says why): a CPU's eager
-        # step always, in its scratch (compiled code fuses the plain way); anything else with chunked_loss
-        eager_cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+        # a CPU's eager training step: the loss in chunks with its gradients, no logits (ChunkedHeadLoss says
+        # why); compiled code fuses the plain way
         if (targets is not None and reduction == "mean" and torch.is_grad_enabled()
-                and (eager_cpu or self.config.chunked_loss)):
-            if eager_cpu and getattr(self, "scratch", None) is None:  # kept from step to step
+                and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+            if getattr(self, "scratch", None) is None:  # kept from step to step
                 self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
-            scratch = self.scratch if eager_cpu else None  # None: the compiled form, in autocast's dtype
             return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
-                                               targets.view(-1), scratch, HEAD_CHUNK)
+                                               targets.view(-1), self.scratch)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None

@@ -234,6 +234,12 @@ def setup(device="auto", dtype="auto", timeout=None):
     if rt.kind != "cuda":
         rt.dtype = resolve_dtype(dtype, rt.kind)
     if rt.kind == "cuda":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
+        if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it, LOCAL_RANK 0 says it
+            raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "
+                            f"{gpus} GPU{'s' if gpus != 1 else ''} visible (CUDA_VISIBLE_DEVICES="
+                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one process a GPU, so use "
+                            f"--nproc_per_node={gpus}")
         rt.device = f"cuda:{rt.local_rank}"
         torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
@@ -315,17 +321,18 @@ def together(rt, group=None, guard=True):
     waits out the collective timeout for a failure another already knows. guard=False where the block's
     forwards are themselves collective (FSDP's gathers): a rank that fails inside one cannot agree with ranks
     waiting in a gather, and its error goes out unagreed (the others then stop when the collective times out
-    or the failed process's connection closes: peer_lost). group: the process group to agree in."""
+    or the failed process's connection closes: peer_lost). group: the process group to agree in. Ctrl-C
+    (KeyboardInterrupt) or a SystemExit inside the block is a failure too: agreed on, then raised as it is."""
     if not rt.distributed:
         yield
         return
     try:
         yield
-    except Exception as e:
+    except BaseException as e:
         if not guard:
             raise
         first = first_failure(rt, group, failed=True)
-        if first != rt.rank:  # a lower rank failed as well: it says why
+        if first != rt.rank and isinstance(e, Exception):  # a lower rank failed as well: it says why
             raise PeerFailed(f"rank {first} failed") from e
         e.rank = rt.rank
         raise

@@ -40,7 +40,6 @@ CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores 
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # compile's
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
@@ -114,7 +113,7 @@ def model_shape(s):
 def how_it_trains(s):
     """The GPTConfig fields that change how the model trains, not what it computes: a run's own, whatever
     the weights it starts from."""
-    return {"grad_checkpoint": s.grad_checkpoint, "chunked_loss": s.chunked_loss}
+    return {"grad_checkpoint": s.grad_checkpoint}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -252,8 +251,6 @@ def validate(cfg, rt):
     exists (settings that work but are likely mistakes get their NOTE in fit)."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
-    if cfg["compile_mode"] not in COMPILE_MODES:
-        raise UserError(f"--compile_mode={cfg['compile_mode']!r}: use {', '.join(COMPILE_MODES)}")
     if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
         raise UserError(f"--tracker={cfg['tracker']!r}: use {' or '.join(TRACKERS)}, both as "
                         f"{','.join(TRACKERS)}, or \"\" for none")
@@ -261,9 +258,6 @@ def validate(cfg, rt):
         raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
                         f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
                         f"upgrade torch or drop --fsdp (DDP)")
-    if cfg["compile_mode"] != "default" and cfg["fsdp"]:
-        raise UserError(f"--compile_mode={cfg['compile_mode']} is for DDP and one GPU: under --fsdp=True the "
-                        "model compiles region by region, in the default mode; drop one of them")
     if cfg["optimizer"] == "muon" and cfg["fsdp"]:
         raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
                         "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
@@ -305,14 +299,15 @@ def micro_batches(total_batch_size, T, world_size):
 # what the hardware and the data hold
 
 def memory_estimate(s, rt, B):
-    """accounting.py's training memory per process in bytes at micro-batch B, for the settings' model, dtype
-    and wrapping (FSDP shards over the ranks)."""
-    return training_memory(model_shape(s), B, s.T, s.dtype, rt.world_size if s.fsdp else 1)["total"]
+    """accounting.py's training memory per process in bytes at micro-batch B, for the settings' model, dtype,
+    wrapping (FSDP shards over the ranks) and step (compiled or eager: what torch.compile keeps differs)."""
+    return training_memory(model_shape(s), B, s.T, s.dtype, rt.world_size if s.fsdp else 1,
+                           compiled=s.compile)["total"]
 
 
 def fit_memory(s, given, rt):
-    """(settings, notes): B checked against the GPU's memory by accounting.py's estimate, before minutes of
-    compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
+    """(settings, notes): B checked against the GPU's memory by accounting.py's estimate of the step that
+    runs (compiled or eager), before minutes of compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
     (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
     if rt.memory is None:  # not a CUDA GPU
         return s, []

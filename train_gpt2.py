@@ -89,8 +89,6 @@ eval_only = False  # evaluate init_from's model (val loss, bpb, HellaSwag, sampl
 compile = True  # torch.compile the model: ~2x faster steps after a minute of compiling
 fsdp = False  # shard parameters, gradients and AdamW states over the ranks (FSDP2): models past one GPU
 grad_checkpoint = False  # recompute activations in backward: less memory, ~1/3 more compute
-chunked_loss = False  # lm_head + loss in chunks, no (B*T x vocab) logits: a bigger B fits (awaits a GPU run)
-compile_mode = "default"  # the step's: default, reduce-overhead (CUDA graphs), max-autotune(-no-cudagraphs)
 device = "auto"  # auto (cuda, then mps, then cpu), cuda, mps or cpu
 # auto: bf16 on GPUs that have it, else fp16 (loss scaling) on CUDA, else fp32; or bf16, fp16, fp32
 dtype = "auto"
@@ -293,18 +291,16 @@ def wrap_model(raw_model, s, rt):
         if s.compile:
             raw_model.compile_regions()
         return Models(raw_model, raw_model, raw_model, s.compile)
-    maybe_compile = torch.compile if s.compile else (lambda m, mode=None: m)
+    maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
         # DDP's forward opens a profiler record_function, which Dynamo drops with a warning in every log
         # unless it may trace it (a recent setting: where a torch lacks it, the warning stays)
         if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
             torch._dynamo.config.capture_profiler_record_function = True
-        return Models(raw_model, maybe_compile(ddp_model, mode=s.compile_mode), maybe_compile(raw_model),
-                      s.compile)
-    step = maybe_compile(raw_model, mode=s.compile_mode)
-    evaluation = step if s.compile_mode == "default" else maybe_compile(raw_model)  # many shapes: no graphs
-    return Models(raw_model, step, evaluation, s.compile)
+        return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model), s.compile)
+    compiled = maybe_compile(raw_model)
+    return Models(raw_model, compiled, compiled, s.compile)
 
 
 def log_start(run, notes):
@@ -355,8 +351,6 @@ def train_step(batches, models, optimizers, scaler, rt, grad_clip):
         opt.zero_grad(set_to_none=True)
     loss_accum = torch.zeros((), device=rt.device)
     for i, (x, y) in enumerate(batches):
-        if models.compiled:  # compile_mode=reduce-overhead: each micro-step its own replay of the CUDA graphs
-            torch.compiler.cudagraph_mark_step_begin()  # (their outputs are consumed before the next one)
         x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
         with sync_gradients(models.train_model, last=i == len(batches) - 1):
             with autocast(rt.device, rt.dtype):

@@ -37,6 +37,20 @@ def test_round_trip_and_checksum(tmp_path):
     assert checksum(changed) != checksum(s) and checksum({**s}) == checksum(s)
 
 
+def test_a_checkpoint_with_a_retired_setting_still_loads(tmp_path):
+    """Checkpoints written at 234821a hold GPTConfig's chunked_loss (removed since): load_model and
+    model_config read them, verified, without it."""
+    from checkpoint import model_config
+    s = state()
+    s["model_config"]["chunked_loss"] = True
+    path = str(tmp_path / "model_000003.pt")
+    save_checkpoint(s, path)
+    assert load_model(path).config == GPTConfig(**state()["model_config"])
+    plain = str(tmp_path / "model_000004.pt")
+    save_checkpoint(state(), plain)
+    assert model_config(path) == model_config(plain)
+
+
 def test_damage_is_detected(tmp_path):
     path = str(tmp_path / "model_000003.pt")
     save_checkpoint(state(), path)

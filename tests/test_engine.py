@@ -161,14 +161,16 @@ def test_an_engine_compiles_more_batch_sizes_than_dynamos_limit(monkeypatch):
     own copy, so a 3rd batch size (the 9th by default) compiles too (FailOnRecompileLimitHit at db9da80)."""
     import functools
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     m = build(tiny(block_size=64))
     engine = Engine(m, compile=True)
-    for batch in (1, 2, 3):
-        idx = torch.randint(0, 512, (batch, 4))
-        assert torch.equal(engine.generate(idx, 3, top_k=1), Engine(m).generate(idx, 3, top_k=1))
-    assert len(engine.decoders) == 3
+    # config.patch restores the setting; monkeypatch's undo deleted it (Dynamo's config is no plain module),
+    # and a later test in the same worker then failed with "recompile_limit does not exist"
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for batch in (1, 2, 3):
+            idx = torch.randint(0, 512, (batch, 4))
+            assert torch.equal(engine.generate(idx, 3, top_k=1), Engine(m).generate(idx, 3, top_k=1))
+    assert len(engine.decoders) == 3 and torch._dynamo.config.recompile_limit == 8
 
 
 def test_sampling_never_yields_padded_ids():

@@ -135,9 +135,14 @@ def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
     assert final_weights(tmp_path / "fsdp")["scaler"] == final_weights(tmp_path / "ddp")["scaler"]
 
 
-def test_memory_estimate_matches_what_the_shards_hold(tmp_path):
+def test_shards_hold_the_estimate_and_one_ranks_failure_is_agreed(tmp_path):
+    """One torchrun of 2 gloo ranks (tests/workers/fsdp_ranks.py) with an FSDP2 model: each rank holds half
+    of the parameters and AdamW states, as accounting.py estimates. Rank 0's checkpoint write fails on a full
+    disk: rank 0 raises its one line (its rank set, so it says it) and rank 1 stops at the same point (PeerFailed), at
+    once, not after a lost connection or the collective timeout. Ctrl-C on rank 1 inside runtime.together:
+    rank 1 raises KeyboardInterrupt, rank 0 PeerFailed, and the ranks still agree afterwards."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(ROOT, "tests", "workers", "fsdp_memory.py"), str(tmp_path)]
+           os.path.join(ROOT, "tests", "workers", "fsdp_ranks.py"), str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -147,6 +152,12 @@ def test_memory_estimate_matches_what_the_shards_hold(tmp_path):
         assert abs(m["params"] - m["est_params"]) <= 0.01 * m["est_params"], m
         assert abs(m["adamw"] - m["est_adamw"]) <= 0.01 * m["est_adamw"], m
     assert sum(m["params"] for m in ranks) == ranks[0]["full"]  # and together all of it, once
+    zero, one = ranks
+    assert zero["write"][:2] == ["UserError", 0] and one["write"][:2] == ["PeerFailed", None], (zero, one)
+    assert one["write"][2] < 30, one  # the collective timeout is 60 s
+    assert zero["ctrl_c"][:2] == ["PeerFailed", None] and one["ctrl_c"][:2] == ["KeyboardInterrupt", 1]
+    assert zero["after"][0] == one["after"][0] == "none"
+    assert not list(tmp_path.glob("model_*"))  # nothing half-written is left as a checkpoint
 
 
 def workers(agent_pid):

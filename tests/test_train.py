@@ -431,38 +431,10 @@ def test_overrides_are_checked():
     (["--optimizer=sgd"], "--optimizer='sgd': use adamw or muon"),
     (["--val_tokens=31"], "--val_tokens=31 is less than one row of T=32 tokens: give at least 32"),
     (["--optimizer=muon", "--fsdp=True"], "--optimizer=muon does not work with --fsdp=True: .* drop --fsdp"),
-    (["--compile_mode=fast"], "--compile_mode='fast': use default, reduce-overhead, max-autotune, "
-                              "max-autotune-no-cudagraphs"),
-    (["--compile_mode=reduce-overhead", "--fsdp=True"],
-     "--compile_mode=reduce-overhead is for DDP and one GPU"),
 ])
 def test_bad_settings(tmp_path, argv, match):
     with pytest.raises(UserError, match=match):
         train_gpt2.main(TINY + [f"--log_dir={tmp_path}"] + argv)
-
-
-def test_the_gpu_levers_are_settings(tmp_path, monkeypatch, text):
-    """--chunked_loss=True trains the same losses as the default (a CPU's eager step already takes
-    ChunkedHeadLoss: here in its compiled form, without a scratch); --compile_mode reaches torch.compile for
-    the training step only (evaluation's many shapes stay in the default mode), and each micro-step under
-    compile marks a new CUDA-graph step."""
-    from conftest import records
-    runs = {}
-    for name, extra in (("plain", []), ("chunked", ["--chunked_loss=True"])):
-        log = tmp_path / name
-        argv = TINY + [f"--data_root={text}", "--max_steps=3", f"--log_dir={log}"] + extra
-        assert train_gpt2.main(argv) == 0
-        runs[name] = [r["loss"] for r in records(log) if "loss" in r]
-    assert len(runs["plain"]) == 3 and runs["chunked"] == pytest.approx(runs["plain"], rel=1e-6)
-    modes, marks = [], []
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: modes.append(mode) or fn)
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    argv = [a for a in TINY if not a.startswith("--compile=")] + [
-        f"--data_root={text}", "--max_steps=2", "--total_batch_size=512", f"--log_dir={tmp_path / 'mode'}",
-        "--compile=True", "--compile_mode=reduce-overhead"]
-    assert train_gpt2.main(argv) == 0
-    assert modes[-2:] == ["reduce-overhead", None]  # the step's model, then evaluation's
-    assert len(marks) == 2 * 4  # 2 steps of 512 / (4 x 32) micro-steps
 
 
 def test_an_older_torch_is_a_note_and_fsdp_on_it_one_line(tmp_path, monkeypatch, capsys, text):
