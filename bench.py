@@ -7,21 +7,22 @@ GPU figure README quotes, in one command.
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
-    python bench.py --only step --B 64   # the training step as train_gpt2.py runs it, at B=64
+    python bench.py --only step          # the training step as train_gpt2.py runs it, at --step_B 64
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
+    python bench.py --report gpu_report --peer ../llm.c/train_gpt2.py         # and llm.c's reference
 
 Rungs are cumulative: fp32 eager -> +TF32 -> +bf16 autocast -> +torch.compile -> +fused attention (SDPA:
 flash, or cuDNN's on an H100, instead of the explicit masked softmax) -> +vocab 50304 -> +fused AdamW. Each is
 timed over train_gpt2.py's own training step (train_step: forward, backward, clip, AdamW) on fixed random
-tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median reported (a
-rung that runs out of memory says so). Then: where the last rung's step time goes (torch.profiler:
-cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full recomputation,
-accounting.py's memory estimate vs the measured peak, the largest micro-batch that fits, and the fused softmax
-kernel (fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths.
+tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median and the
+range reported (a rung that runs out of memory says so). Then: where the last rung's step time goes
+(torch.profiler: cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full
+recomputation, accounting.py's memory estimate vs the peaks measured (eager and compiled), the micro-batch
+each card holds by it, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory bandwidth,
+at two row lengths. The last line says how long the process spent compiling and warming up.
 
---report DIR runs gpu_report.py's sections, each in its own process (the GPU checks of tests/test_gpu.py, the
-ladder, the step at B=16 and 64, train_gpt2.py's first steps, generation, HellaSwag, memory), keeping each
-one's raw output beside DIR/report.md, which names the GPU, the versions, the date and the commit.
+--report DIR runs gpu_report.SECTIONS, each in its own process, keeping each one's raw output beside
+DIR/report.md, which names the GPU, the versions, the date and the commit.
 """
 import contextlib
 import dataclasses
@@ -40,6 +41,7 @@ import gpu_check
 import runtime
 from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
 from errors import UserError, check_range, command_line, main_guard
+from runlog import metrics_path, read_log
 from engine import Engine
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
@@ -83,8 +85,12 @@ def training_step(size, s, B, T, rt):
     return step
 
 
+WARMING = [0.0]  # seconds this process spent compiling and warming up: what its first calls took over the rest
+
+
 def time_steps(step, device, steps, warmup):
-    """Median seconds per call of step() after warm-up, and the peak memory (CUDA)."""
+    """(median seconds per call of step() after warm-up, the peak memory (CUDA), (fastest, slowest)). The
+    warm-up's time over as many steady calls goes to WARMING."""
     times = []
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -94,10 +100,11 @@ def time_steps(step, device, steps, warmup):
         t0 = time.perf_counter()
         step()
         synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    return statistics.median(times), peak
+    median = statistics.median(times[warmup:])
+    WARMING[0] += max(0.0, sum(times[:warmup]) - warmup * median)
+    return median, peak, (min(times[warmup:]), max(times[warmup:]))
 
 
 def rungs(skip):
@@ -111,25 +118,25 @@ def ladder(size, B, T, rt, steps, warmup, rows):
     device = rt.kind
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
-    lines = ["| rung | ms/step | tok/s | MFU | peak memory | speed-up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| rung | ms/step | range | tok/s | MFU | peak memory | speed-up |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     for label, switch in rows:
         s.update(switch)
         try:
             step = training_step(size, s, B, T, rt)
-            dt, mem = time_steps(step, device, steps, warmup)
+            dt, mem, (fast, slow) = time_steps(step, device, steps, warmup)
         except Exception as e:  # early rungs need the most memory (fp32, a T x T matrix per head)
             if not is_out_of_memory(e):
                 raise
             step = dt = mem = prev = None
-            lines.append(f"| {label} | out of memory at B={B} | | | | |")
+            lines.append(f"| {label} | out of memory at B={B} | | | | | |")
             print(lines[-1], flush=True)
             continue
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        lines.append(f"| {label} | {dt * 1000:.1f} | {tok_s:,.0f} | "
+        lines.append(f"| {label} | {dt * 1000:.1f} | {fast * 1000:.1f}-{slow * 1000:.1f} | {tok_s:,.0f} | "
                      f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
                      f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
@@ -234,7 +241,7 @@ def decode_bytes(model, batch):
     return weights + cache
 
 
-def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_len=8):
+def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
     """Greedy generate() at each (batch, new tokens) of runs: tokens/s with the KV-cache (compile: the decode
     step compiled and, on CUDA, a CUDA graph; the compiling and warm-up of each batch size timed apart,
     once), the time to the first token (the prompt's prefill and its pick), the memory bandwidth a decode
@@ -244,7 +251,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
     device = rt.device
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
-    span = 256 if rt.kind == "cuda" else 16  # the --span lever: attend over the filled cache, in steps of it
+    span = 256 if rt.kind == "cuda" else 16  # sample.py --span: attend over the filled cache, in steps of it
+    span_at = max(batch for batch, _ in runs)  # its A/B where the cache outweighs the weights (batch 1: 1.00x)
     engine, spanned = Engine(model, compile), Engine(model, compile, span=span)
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
@@ -254,7 +262,7 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
              + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
              "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing tok/s "
              f"| cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, A/B in "
-             "turns | same tokens |",
+             f"turns (batch {span_at}) | same tokens |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     print("\n".join(lines), flush=True)
     warmed = set()
@@ -270,8 +278,11 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
         seconds, outs, warm = {}, {}, ""
         with autocast(device, rt.dtype):
             if batch not in warmed:  # a decode step per batch size: compiled and captured once
-                warm = f"{timed(lambda: engine.generate(idx, 2, top_k=1))[1]:.1f} s"
-                spanned.generate(idx, new, top_k=1)  # each of its spans compiled and captured once
+                warm = timed(lambda: engine.generate(idx, 2, top_k=1))[1]
+                if batch == span_at:
+                    warm += timed(lambda: spanned.generate(idx, new, top_k=1))[1]  # each span's graph, once
+                WARMING[0] += warm
+                warm = f"{warm:.1f} s"
                 warmed.add(batch)
             _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
             for use_cache in (True, False):
@@ -279,12 +290,15 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
                     outs[use_cache], seconds[use_cache] = timed(lambda: engine.generate(
                         idx, new, top_k=1, use_cache=use_cache))
             turns = {True: [seconds[True]], False: []}  # whole cache, then --span, in turns
-            for _ in range(2):
+            for _ in range(2 if batch == span_at else 0):
                 for whole, e in ((False, spanned), (True, engine)):
                     outs[whole, "span"], dt = timed(lambda: e.generate(idx, new, top_k=1))
                     turns[whole].append(dt)
-        ratio = statistics.median(turns[True]) / statistics.median(turns[False])
-        same_span = (outs[False, "span"] == outs[True])[:, prompt_len:].float().mean().item()
+        spans = ""
+        if turns[False]:
+            ratio = statistics.median(turns[True]) / statistics.median(turns[False])
+            same_span = (outs[False, "span"] == outs[True])[:, prompt_len:].float().mean().item()
+            spans = f"{batch * new / statistics.median(turns[False]):,.0f} ({ratio:.2f}x) | {same_span:.0%}"
         rates = {k: batch * new / v for k, v in seconds.items()}
         per_step = max(seconds[True] - first, 1e-9) / max(new - 1, 1)
         gbs = decode_bytes(model, batch) / per_step / 1e9
@@ -292,78 +306,57 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256), (1, 512)), prompt_le
         same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
         lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
                      f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
-                     f"{batch * new / statistics.median(turns[False]):,.0f} ({ratio:.2f}x) | "
-                     f"{same_span:.0%} |")
+                     f"{spans or ' |'} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
 
-def memory(size, s, B, T, rt, compiled_peak):
-    """accounting.py's estimate, which counts what eager autograd keeps, against the peak of an eager step
-    with the last rung's settings (CUDA); the compiled rung's own peak differs (compile chooses what to
-    save)."""
+def memory(size, s, rt, measured):
+    """accounting.py's estimate of each step measured against the peak it measured (CUDA): measured holds
+    {(B, T, compiled): peak bytes} of the steps timed in this process (the ladder's last rung, the step at
+    --step_B) with the last rung's settings s; an eager step at the smallest of those B is measured here."""
     config = GPTConfig(**size, vocab_size=s["vocab_size"])
-    est = training_memory(config, B, T, "bf16" if s["bf16"] else "fp32")
-    parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in est.items() if k != "total")
-    line = (f"memory at B={B}, T={T}: accounting.py estimate {fmt_bytes(est['total'])} ({parts}); "
-            f"measured peak ")
-    if rt.kind != "cuda":
-        return [line + "n/a (CUDA only)"]
-    try:
-        _, eager = time_steps(training_step(size, {**s, "compile": False}, B, T, rt), "cuda", 1, 1)
-    except Exception as e:  # compile can save memory: the compiled rung may fit where eager does not
-        if not is_out_of_memory(e):
-            raise
-        return [line + f"of an eager step: out of memory at B={B}"]
-    line += f"of an eager step {fmt_bytes(eager)} (estimate / measured = {est['total'] / eager:.2f})"
-    return [line + (f"; the compiled step's peak {fmt_bytes(compiled_peak)}" if compiled_peak else "")]
-
-
-def largest_batch(size, s, T, rt, start=1):
-    """Doubles B from `start` until a training step runs out of GPU memory (eager: no compile per B); the
-    last B that ran, or None."""
-    s = {**s, "compile": False}
-    best, B = None, start
-    while B <= 1024:
+    dtype = "bf16" if s["bf16"] else "fp32"
+    if rt.kind == "cuda" and measured:
+        B, T, _ = min(measured)
         try:
-            time_steps(training_step(size, s, B, T, rt), "cuda", 1, 1)
-            best, B = B, B * 2
-        except Exception as e:
+            measured[B, T, False] = time_steps(training_step(size, {**s, "compile": False}, B, T, rt), "cuda",
+                                               1, 1)[1]
+        except Exception as e:  # compile can save memory: the compiled rung may fit where eager does not
             if not is_out_of_memory(e):
                 raise
-            break
-        finally:
-            torch.cuda.empty_cache()
-    return best
+    lines = ["memory of a training step, accounting.py's estimate against the peak measured "
+             "(CUDA's max_memory_allocated):", "", "| step | B | T | estimate | measured peak | estimate / measured |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (B, T, compiled), peak in sorted(measured.items()):
+        est = training_memory(config, B, T, dtype, compiled=compiled)["total"]
+        lines.append(f"| {'compiled' if compiled else 'eager'} | {B} | {T} | {fmt_bytes(est)} | {fmt_bytes(peak)} | "
+                     f"{'n/a' if peak is None else f'{est / peak:.2f}'} |")
+    return lines + [""]
 
 
-def presets(T, gpus=8, cards=(("80 GB", 80e9), ("24 GB", 24e9)), measure=None, rt=None):
-    """accounting.py's memory estimate per GPU for each GPT-2 size, under DDP and under FSDP over `gpus` GPUs,
-    and the largest micro-batch that fits each card by that estimate (within 90% of it: the rest is for the
-    CUDA context, allocator slack and DDP's buckets). measure: settings to find the largest B on this GPU (one
-    process, eager, powers of two: what DDP holds per GPU)."""
+def presets(T, gpus=8, cards=(("80 GB", 80e9), ("40 GB", 40e9), ("24 GB", 24e9))):
+    """accounting.py's memory estimate per GPU of the compiled step (train_gpt2.py's default) for each GPT-2
+    size, under DDP and under FSDP over `gpus` GPUs, and the largest micro-batch that fits each card by that
+    estimate (within 90% of it: the rest is for the CUDA context, allocator slack and DDP's buckets), as
+    settings.fit chooses B."""
     head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, "
                                               "B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
-    head += ["B measured here (1 process)"] if measure else []
-    lines = [f"memory per GPU by accounting.py's estimate (bf16 autocast, AdamW, T={T}) and the largest "
-             "micro-batch B that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
+    lines = [f"memory per GPU by accounting.py's estimate (compiled step, bf16 autocast, AdamW, T={T}) and the "
+             "largest micro-batch B that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
              "| --- |" + " ---: |" * (len(head) - 1)]
     for name, shape in GPT2_SIZES.items():
         config = GPTConfig(**shape, vocab_size=50304, block_size=max(T, 1024))
         per = {}
         for mode, shards in (("DDP", 1), ("FSDP", gpus)):
-            one, two = (training_memory(config, B, T, "bf16", shards)["total"] for B in (1, 2))
+            one, two = (training_memory(config, B, T, "bf16", shards, compiled=True)["total"] for B in (1, 2))
             per[mode] = (one, two - one)  # bytes at B=1, bytes per further sequence
         fits = [" / ".join(str(int((0.9 * cap - one) // step) + 1 if one <= 0.9 * cap else 0)
                            for one, step in per.values()) for _, cap in cards]
         row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | "
                f"{fmt_bytes(per['FSDP'][0])} | "
                + " | ".join(fits) + " |")
-        if measure:
-            row += f" {largest_batch(dict(shape, block_size=config.block_size), measure, T, rt)} |"
         lines.append(row)
-        if measure:  # slow: a line as soon as it is known
-            print(row, flush=True)
     return lines
 
 
@@ -462,13 +455,86 @@ def core_cost(size, rt, data, compile, batch_sizes):
             t0 = time.perf_counter()
             result = core_eval.evaluate(run, prepared, rt)
             seconds.append(time.perf_counter() - t0)
+        WARMING[0] += max(0.0, seconds[0] - seconds[1])
         lines.append(f"| {batch_size} | {pack:.2f} s | {seconds[0]:.2f} s | {seconds[1]:.2f} s | "
                      f"{n / seconds[1]:,.0f} | {result['core']:.4f} |")
         print(lines[-1], flush=True)
     return lines + [""]
 
 
-ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax")
+# llm.c's PyTorch reference run as published, but for its tokenizer: tiktoken's "gpt2", which it would
+# download, is the vendored one (tokenizer.py), so a machine without internet runs it too
+PEER_RUNNER = ("import runpy, sys, tiktoken\n"
+               "sys.path.insert(0, sys.argv[1])\n"
+               "import tokenizer\n"
+               "tiktoken.get_encoding = lambda name: tokenizer.get_encoding()\n"
+               "sys.argv = sys.argv[2:]\n"
+               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def peer_cost(peer, rt, B, T, steps, rounds=2):
+    """train_gpt2.py against llm.c's PyTorch reference (its train_gpt2.py at `peer`, outside this project) at
+    B x T, one micro-step a step, on the same random-token shards (llm.c's .bin layout is this project's),
+    each run its own process, in turns (ours, peer, ours, peer: drift hits both), compiled on CUDA: each
+    run's median ms/step over its second half of `steps`, its peak memory, and the ratio of the medians."""
+    from dataloader import write_shard
+    if not os.path.isfile(peer):
+        raise UserError(f"--peer {peer}: no such file; give the path of llm.c's train_gpt2.py (its PyTorch "
+                        "reference, github.com/karpathy/llm.c)")
+    root = os.path.dirname(os.path.abspath(__file__))
+    cuda, times, peaks = rt.kind == "cuda", {"ours": [], "peer": []}, {}
+    dtype = "bf16" if cuda else "fp32"
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = torch.Generator().manual_seed(0)
+        for name in ("peer_val_000000.bin", "peer_train_000001.bin"):
+            write_shard(os.path.join(tmp, name), torch.randint(0, 50257, (2 * B * T * steps + 1,),
+                                                               generator=gen).numpy())
+        for r in range(rounds):
+            log_dir = os.path.join(tmp, f"ours{r}")
+            ours = [sys.executable, os.path.join(root, "train_gpt2.py"), f"--data_root={tmp}", f"--B={B}",
+                    f"--T={T}", f"--total_batch_size={B * T}", f"--max_steps={steps}", "--warmup_steps=10",
+                    "--eval_interval=100000", f"--val_tokens={T}", "--checkpoint_interval=100000",
+                    "--hellaswag=0", f"--compile={cuda}", f"--device={rt.kind}", f"--dtype={dtype}",
+                    f"--log_dir={log_dir}", "--n_layer=12", "--n_head=12", "--n_kv_head=12", "--n_embd=768",
+                    "--max_lr=6e-4"]
+            p = subprocess.run(ours, capture_output=True, text=True, cwd=tmp)
+            if p.returncode:
+                raise RuntimeError(f"train_gpt2.py failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+            logged = [record for record in read_log(metrics_path(log_dir)) if "ms" in record]
+            times["ours"].append(statistics.median(record["ms"] for record in logged[steps // 2:]))
+            peaks["ours"] = max(record["peak_memory"] or 0 for record in logged) / 2**20 if cuda else None
+            theirs = [sys.executable, "-c", PEER_RUNNER, root, peer, f"--input_bin={tmp}/peer_train_*.bin",
+                      "--model=d12", f"--batch_size={B}", f"--sequence_length={T}", f"--total_batch_size={B * T}",
+                      f"--num_iterations={steps}", "--learning_rate=6e-4", "--warmup_iters=10",
+                      "--weight_decay=0.1", "--overfit_single_batch=0", "--write_tensors=0", "--val_loss_every=0",
+                      "--sample_every=0", f"--device={rt.kind}", f"--compile={int(cuda)}", "--flash=1",
+                      "--tensorcores=1", f"--dtype={'bfloat16' if cuda else 'float32'}"]
+            p = subprocess.run(theirs, capture_output=True, text=True, cwd=tmp)
+            ms = [float(m) for m in re.findall(r"\| \((\d+\.\d+) ms \|", p.stdout)]
+            if len(ms) < steps:  # its last line, the peak CUDA memory, fails on a CPU: the steps are what count
+                raise RuntimeError(f"{peer} failed (exit status {p.returncode}):\n{p.stdout[-2000:]}"
+                                   f"{p.stderr[-2000:]}")
+            times["peer"].append(statistics.median(ms[steps // 2:]))
+            found = re.search(r"peak memory consumption: (\d+) MiB", p.stdout)
+            peaks["peer"] = int(found.group(1)) if found else None
+            print(f"round {r + 1}: train_gpt2.py {times['ours'][-1]:.2f} ms/step, llm.c's {times['peer'][-1]:.2f}",
+                  flush=True)
+    ours, theirs = (statistics.median(times[k]) for k in ("ours", "peer"))
+    mem = {k: "n/a" if v is None else f"{v:,.0f} MiB" for k, v in peaks.items()}
+    lines = [f"train_gpt2.py against llm.c's PyTorch reference ({peer}), GPT-2 124M, B={B}, T={T}, {dtype}"
+             f"{', compiled' if cuda else ''}; {rounds} rounds in turns of {steps} steps, each run's median over "
+             "its second half:", "",
+             "| script | ms/step (rounds) | tok/s | peak memory |", "| --- | ---: | ---: | ---: |",
+             f"| train_gpt2.py | {ours:.2f} ({', '.join(f'{t:.2f}' for t in times['ours'])}) | "
+             f"{B * T / ours * 1000:,.0f} | {mem['ours']} |",
+             f"| llm.c's train_gpt2.py | {theirs:.2f} ({', '.join(f'{t:.2f}' for t in times['peer'])}) | "
+             f"{B * T / theirs * 1000:,.0f} | {mem['peer']} |", "",
+             f"train_gpt2.py is {theirs / ours:.3f}x the reference's speed", ""]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax", "peer")
 EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
 
 
@@ -478,8 +544,10 @@ def main():
     parser.add_argument("--B", type=int, default=None, help="micro-batch (default 16 on CUDA, 4 on CPU)")
     parser.add_argument("--T", type=int, default=None,
                         help="sequence length (default 1024 on CUDA, 64 on CPU)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 20 / 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 / 1)")
+    parser.add_argument("--step_B", type=int, default=None,
+                        help="--only step: its micro-batch (default 64 on CUDA, 8 on CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 10 / 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 / 1)")
     parser.add_argument("--skip", default="",
                         help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
     parser.add_argument("--out", default=None, help="also write the report to this markdown file")
@@ -495,18 +563,22 @@ def main():
     parser.add_argument("--report", default=None, metavar="DIR",
                         help="every GPU figure: each of gpu_report.sections in its own process, its raw "
                         "output and DIR/report.md; a rerun continues where one stopped")
+    parser.add_argument("--peer", default=None, metavar="PATH",
+                        help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, which "
+                        "you name) against train_gpt2.py at --step_B, in turns, on the same random-token shards")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "
                         "continues from it)")
     parser.add_argument("--commit", default=None,
                         help="--report: the commit these files are, where they are not a git checkout")
     args = parser.parse_args()
-    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
+    for option, low in (("B", 1), ("step_B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
         check_range(f"--{option}", getattr(args, option), low)
     check_range("--budget", args.budget, above=0)
     if args.report:
         import gpu_report
-        return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit)
+        return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit,
+                              args.peer)
     only = EVERYTHING if args.only is None else tuple(x for x in args.only.split(",") if x)
     if not only or set(only) - set(ONLY):
         raise UserError(f"--only {args.only}: parts are {', '.join(ONLY)}")
@@ -523,8 +595,9 @@ def main():
     B = args.B or (16 if cuda else 4)
     T = args.T or (1024 if cuda else 64)
     check_range("--T", T, 1, size["block_size"])  # the model's positions
-    steps = args.steps or (20 if cuda else 3)
-    warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
+    step_B = args.step_B or (64 if cuda else 8)
+    steps = args.steps or (10 if cuda else 3)  # the spread is small (its range is printed): 10 will do
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     name = device_name(rt.device)
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
@@ -532,11 +605,14 @@ def main():
               f"after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
     every = {k: v for _, switch in rungs(skip) for k, v in switch.items()}  # the step train_gpt2.py runs
-    last_s, last_mem = {**BASE, **every}, None
+    last_s, measured = {**BASE, **every}, {}  # measured: {(B, T, compiled): peak} for the memory part
     for part in [p for p in ONLY if p in only]:
         if part in ("training", "step"):
-            rows = rungs(skip) if part == "training" else [(f"every rung, B={B}", every)]
-            lines, last_s, last_mem, last_step, last_dt = ladder(size, B, T, rt, steps, warmup, rows)
+            rows = rungs(skip) if part == "training" else [(f"every rung, B={step_B}", every)]
+            at = B if part == "training" else step_B
+            lines, last_s, mem, last_step, last_dt = ladder(size, at, T, rt, steps, warmup, rows)
+            if last_step is not None:
+                measured[at, T, last_s["compile"]] = mem
             report += lines + [""]
             print()
             if part == "training" and last_step is not None:
@@ -553,21 +629,24 @@ def main():
             report += hellaswag_cost(size, rt, args.hellaswag_data, 64 if cuda else 8, n=64 if cuda else 16)
         elif part == "core":
             compile, _ = runtime.compile_choice(compiles, rt)
-            report += core_cost(size, rt, args.hellaswag_data, compile, (16, 64) if cuda else (4,))
+            report += core_cost(size, rt, args.hellaswag_data, compile, (16,) if cuda else (4,))  # 64: slower
         elif part == "memory":
-            extra = memory(size, last_s, B, T, rt, last_mem)
-            extra += [""] + presets(T if cuda else 1024, measure=last_s if cuda else None, rt=rt) + [""]
-            if not cuda:
-                extra += ["measured largest micro-batch: CUDA only", ""]
+            extra = memory(size, last_s, rt, measured) + presets(T if cuda else 1024) + [""]
             for line in extra:
                 print(line, flush=True)
             report += extra
+        elif part == "peer":
+            if not args.peer:
+                raise UserError("--only peer needs --peer PATH: llm.c's train_gpt2.py, its PyTorch reference")
+            report += peer_cost(args.peer, rt, step_B, T, 20 if cuda else 4)
         elif part == "softmax":
             extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
             for line in extra:
                 print(line, flush=True)
             report += extra + [""]
-    finish(report, args.out)
+    said = f"compiling and warm-up: {WARMING[0]:.0f} s"  # gpu_report.py reads this line
+    print(said, flush=True)
+    finish(report + [said], args.out)
 
 
 def finish(report, out):

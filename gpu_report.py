@@ -2,15 +2,18 @@
 
 Each section below runs in its own process (a crash or an out-of-memory in one loses no other), its output
 kept as DIR/<section>.log, its result as DIR/<section>.json; DIR/report.md is written again after each
-section: the GPU, the versions, the date, the commit and every command, then what each section measured. A
-rerun into the same DIR runs only the sections it does not hold for this commit and device, so a report too
-long for one sitting (a device call of 10 minutes) is finished by a second one. On a CPU the same sections
+section: the GPU, the versions, the date, the commit and every command, each section's wall time and how
+much of it was compiling and warming up, then what each section measured. Every section compiles into one
+Inductor cache, DIR/inductor_cache, so a graph one section compiled is a cache hit in the next (the script's
+step is the training section's). A rerun into the same DIR runs only the sections it does not hold for this
+commit and device, so a report stopped by --budget is finished by a second call. On a CPU the same sections
 run at a tiny size (the test suite does, so the command cannot rot): the figures then mean nothing.
 """
 import datetime
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -28,16 +31,17 @@ from runtime import device_name, git_state
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def sections(out, cuda, device, hellaswag_data):
-    """[(name, title, argv)] in the order they run: the checks first, then what README's Speed section
-    quotes. On a CPU: tiny sizes, no compile (minutes on 2 cores)."""
+def sections(out, cuda, device, hellaswag_data, peer=None):
+    """[(name, title, argv)] in the order they run: what a decision needs first (the checks, the training
+    step), then the rest README's Speed section quotes; llm.c's reference last, where --peer names it. On a
+    CPU: tiny sizes, no compile (minutes on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
     quick = [] if cuda else ["--steps", "1", "--warmup", "1", "--skip", "compile"]
-    script = (["--max_steps=30", "--warmup_steps=5", "--val_tokens=16384"] if cuda else
-              ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
-               "--B=4", "--T=64", "--total_batch_size=512", "--max_steps=4", "--warmup_steps=1",
-               "--val_tokens=256"])
+    tiny = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
+            "--T=64", "--warmup_steps=1"]
+    script = (["--max_steps=10", "--warmup_steps=5", "--val_tokens=16384"] if cuda else
+              tiny + ["--B=4", "--total_batch_size=512", "--max_steps=4", "--val_tokens=256"])
 
     def bench(name, *args):
         return [py, "bench.py", *args, *dev, "--out", os.path.join(out, f"{name}.md")]
@@ -46,21 +50,21 @@ def sections(out, cuda, device, hellaswag_data):
          [py, "-m", "pytest", "tests/test_gpu.py", "-v", "-n0", "-rA", "-p", "no:cacheprovider",
           "-o", "junit_family=legacy",  # the details the tests record go into the XML without a warning
           f"--junitxml={os.path.join(out, 'checks.xml')}"]),
-        ("generation", "generation, batch 1 and 8", bench("generation", "--only", "generation")),
-        ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
-        ("core", "CORE on dev/make_core_bundle.py's bundle, batch 16 and 64",
-         bench("core", "--only", "core", *data)),
-        ("ladder", "the acceleration ladder at B=16 and where its last rung's time goes",
-         bench("ladder", "--only", "training", *quick)),
-        ("step64", "the training step at B=64",
-         bench("step64", "--only", "step", "--B", "64" if cuda else "8", *quick)),
-        ("script", "train_gpt2.py's default recipe, its first steps (B=64 x 8 micro-steps)" if cuda else
+        ("training", "the ladder at B=16 and where its last rung's time goes, the step at B=64, memory (the "
+                     "estimates against both steps' peaks and an eager one), the softmax kernel's GB/s",
+         bench("training", "--only", "training,step,memory,softmax", *quick)),
+        # the step at B=64 again, as a user runs it: its graphs are the training section's (a cache hit)
+        ("script", "train_gpt2.py's default recipe, its first 10 steps (B=64 x 8 micro-steps)" if cuda else
          "train_gpt2.py, a tiny model's first steps",
          [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",
           "--checkpoint_interval=1000", f"--log_dir={os.path.join(out, 'script_log')}", *script]),
-        ("memory", "memory: the estimate against a measured step, the largest B; the softmax kernel's GB/s",
-         bench("memory", "--only", "memory,softmax", *quick)),
-    ]
+        ("generation", "generation, batch 1 and 8, --span at batch 8", bench("generation", "--only", "generation")),
+        ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
+        ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
+         bench("core", "--only", "core", *data)),
+    ] + ([] if peer is None else [
+        ("peer", "train_gpt2.py against llm.c's PyTorch reference at B=64, in turns, the same shards",
+         bench("peer", "--only", "peer", "--peer", peer, *([] if cuda else ["--T", "64"])))])
 
 
 def environment(device, commit):
@@ -86,12 +90,14 @@ def environment(device, commit):
             "date": datetime.date.today().isoformat()}
 
 
-def run_section(argv, log_path, deadline):
-    """Run argv from the project root, its output into log_path (and on to ours); the exit status, or None
-    if it was stopped at the deadline (its whole process group: torchrun's workers too)."""
+def run_section(argv, log_path, deadline, cache):
+    """Run argv from the project root, its output into log_path (and on to ours), compiling into the
+    Inductor cache folder `cache`; the exit status, or None if it was stopped at the deadline (its whole
+    process group: torchrun's workers too)."""
     with open(log_path, "w") as log:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                             env=env, start_new_session=True)
         try:
             for line in p.stdout:  # a line at a time: the log holds what ran even if we are killed
                 log.write(line)
@@ -108,6 +114,21 @@ def run_section(argv, log_path, deadline):
         finally:
             if p.poll() is None:  # interrupted (Ctrl-C): nothing of ours is left running
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+def warming(name, out):
+    """Seconds a finished section spent compiling and warming up, or None where it cannot say (the checks):
+    bench.py's last line says it; the script's first step over its median, where its compiling falls."""
+    if name == "script":
+        steps = [r["ms"] for r in read_log(metrics_path(os.path.join(out, "script_log")))
+                 if "loss" in r and "event" not in r]
+        return (steps[0] - statistics.median(steps)) / 1000 if steps else None
+    try:
+        with open(os.path.join(out, f"{name}.log")) as f:
+            found = re.findall(r"^compiling and warm-up: (\d+) s$", f.read(), re.M)
+    except OSError:
+        return None
+    return float(found[-1]) if found else None
 
 
 def summary(name, out):
@@ -161,10 +182,15 @@ def write(out, env, command, done):
              f"- date: {env['date']}; code: commit {env['commit']}",
              f"- command: `{command}` (from the project root; each section's raw output is "
              "DIR/<section>.log)", "",
-             "| section | command | result | wall time |", "| --- | --- | --- | ---: |"]
+             "| section | command | result | wall time | compiling and warm-up |", "| --- | --- | --- | ---: | ---: |"]
     for name, record in done.items():
         result = "finished" if record["rc"] == 0 else f"FAILED (exit status {record['rc']})"
-        lines.append(f"| [{name}](#{name}) | `{record['command']}` | {result} | {record['seconds']:.0f} s |")
+        warm = "n/a" if record.get("warming") is None else f"{record['warming']:.0f} s"
+        lines.append(f"| [{name}](#{name}) | `{record['command']}` | {result} | {record['seconds']:.0f} s | "
+                     f"{warm} |")
+    total = sum(record["seconds"] for record in done.values())
+    lines += ["", f"{len(done)} sections, {total:.0f} s in all (the machine's start and the transfers "
+                  "not counted)"]
     for name, record in done.items():
         lines += ["", f"## {name}", "", f"{record['title']}: `{name}.log`", ""] + record["summary"]
     tmp = os.path.join(out, "report.md.tmp")
@@ -173,7 +199,7 @@ def write(out, env, command, done):
     os.replace(tmp, os.path.join(out, "report.md"))
 
 
-def run(out, device, hellaswag_data=None, budget=None, commit=None):
+def run(out, device, hellaswag_data=None, budget=None, commit=None, peer=None):
     """bench.py --report: every section this DIR lacks for this commit and device; the exit status (1: a
     section failed; 2: stopped at the budget, a rerun continues)."""
     where = nearest_existing(out)  # the folder itself, or where it will be made
@@ -183,10 +209,11 @@ def run(out, device, hellaswag_data=None, budget=None, commit=None):
     env = environment(device, commit)
     cuda = torch.device(device).type == "cuda"
     command = f"python bench.py --report {out}" + (f" --hellaswag_data {hellaswag_data}" if hellaswag_data
-                                                   else "")
+                                                   else "") + (f" --peer {peer}" if peer else "")
+    cache = os.path.abspath(os.path.join(out, "inductor_cache"))
     deadline = None if budget is None else time.time() + budget
     done, status = {}, 0
-    for name, title, argv in sections(out, cuda, device, hellaswag_data):
+    for name, title, argv in sections(out, cuda, device, hellaswag_data, peer):
         path = os.path.join(out, f"{name}.json")
         record = None
         if os.path.exists(path):
@@ -197,14 +224,14 @@ def run(out, device, hellaswag_data=None, budget=None, commit=None):
         if record is None:
             print(f"== {name}: {title}", flush=True)
             t0 = time.time()
-            rc = run_section(argv, os.path.join(out, f"{name}.log"), deadline)
+            rc = run_section(argv, os.path.join(out, f"{name}.log"), deadline, cache)
             if rc is None:
                 write(out, env, command, done)
                 print(f"stopped at the budget during {name}: rerun the same command to continue")
                 return 2
             record = {"title": title, "command": " ".join(["python", *argv[1:]]), "rc": rc,
-                      "seconds": time.time() - t0, "commit": env["commit"], "device": env["device"],
-                      "summary": summary(name, out)}
+                      "seconds": time.time() - t0, "warming": warming(name, out), "commit": env["commit"],
+                      "device": env["device"], "summary": summary(name, out)}
             with open(path + ".tmp", "w") as f:
                 json.dump(record, f, indent=1)
             os.replace(path + ".tmp", path)
