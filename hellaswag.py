@@ -4,7 +4,7 @@
     python hellaswag.py --model log/model_019073.pt --data hellaswag_val.jsonl --limit 1000
     torchrun --nproc_per_node=8 hellaswag.py --model log/model_019073.pt
 
-The method of the GPT-2 reproductions (OpenAI GPT-2 124M: acc_norm 0.2955; GPT-3 124M: 0.337): context
+The method of the GPT-2 reproductions (OpenAI GPT-2 124M: acc_norm 0.2955; GPT-3 125M: 0.337): context
 tokens = GPT-2 tokens of `ctx`, each ending = tokens of " " + ending; an ending's score is the cross-entropy
 of its tokens given the context, summed (acc) or averaged over its tokens (acc_norm); the lowest loss wins.
 evaluate() is the one implementation, used by this script and by train_gpt2.py.

@@ -6,8 +6,9 @@
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train_gpt2.py
                                                             # on each of 2 nodes (HOST: the first one)
 
-Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it the script trains
-on input.txt and says so. A rerun with the same log_dir continues from its latest checkpoint.
+Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it a plain `python` run
+trains on input.txt and says so; under torchrun it stops in one line naming the folder it looked in. A rerun
+with the same log_dir continues from its latest checkpoint.
 """
 import contextlib
 import dataclasses
