@@ -252,11 +252,13 @@ def save_run(log_dir, model, optimizers, meta, rt, keep):
     writes; under FSDP all ranks gather) and delete all but the newest `keep`. It holds the weights, the
     optimizer states and the RNG, with meta: what else the run needs to continue (train_gpt2.py's
     save(): settings, loader position, loss scale, clock). Returns its name for messages. A failure on any
-    rank (a write that fails, a gather that runs out of memory) stops every rank here (together)."""
+    rank (a write that fails, a gather that runs out of memory) stops every rank here (together), but for a
+    failure inside FSDP's gathers, which are collective and cannot be agreed on (runtime.together)."""
     name = f"model_{meta['step']:06d}.pt"
-    with together(rt, rt.patient, guard=not sharded(model)):  # FSDP's gathers are collectives: unguarded
-        model_state, optimizer_state = gather_state(model, optimizers)
-    with together(rt, rt.patient):  # the others wait here for the write; its failure (a full disk) is agreed
+    # FSDP's gathers are collectives: a rank that fails inside one cannot agree, so they come first, unguarded
+    state = gather_state(model, optimizers) if sharded(model) else None
+    with together(rt, rt.patient):  # the others wait here for the write; any rank's failure is agreed
+        model_state, optimizer_state = state or gather_state(model, optimizers)  # DDP's: each rank's own
         if rt.master:
             path = os.path.join(log_dir, name)
             cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
