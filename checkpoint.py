@@ -36,6 +36,10 @@ MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
 FIXED = SHAPE + STREAM + ("optimizer",)
+# What the machine and the launch decide, not the run: a resume takes them from this start-up (B: settings.fit,
+# the GPU's memory). Every other setting a resume keeps from the run unless the command line names it.
+MACHINE = ("device", "dtype", "compile", "B", "eval_B", "fsdp", "grad_checkpoint", "log_dir", "init_from",
+           "eval_only", "collective_timeout", "tracker", "hellaswag_data", "core_bundle")
 # what a checkpoint written before a setting existed ran with
 BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
 # GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
@@ -334,6 +338,9 @@ def continue_run(s, given, rt):
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, given, meta["model_config"], s.init_from)
+    s, kept = keep_run_settings(meta["config"], s, given)
+    if kept:
+        print0(f"NOTE: {kept}")
     s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
@@ -348,6 +355,23 @@ def continue_run(s, given, rt):
     if note := schedule_change(s, resume):
         print0(f"NOTE: {note}")
     return s, resume
+
+
+def keep_run_settings(saved, s, given):
+    """(settings, note or None): a resume keeps the run's own settings (saved: its checkpoint's) where the
+    command line (given) names none, so that extending a fine-tune with --max_steps alone keeps its
+    --max_lr; the same command still resumes the same run. Not the MACHINE's settings, and not the FIXED
+    ones, which must match (resume_settings refuses a change). The note names what the settings block or
+    this start-up's fallbacks would have set instead."""
+    saved = {**BEFORE, **saved}
+    kept = {k: saved[k] for k, v in dataclasses.asdict(s).items()
+            if k in saved and k not in MACHINE + FIXED and k not in given and saved[k] != v}
+    if not kept:
+        return s, None
+    note = ("kept the run's " + ", ".join(f"{k}={v!r} (this command alone: {getattr(s, k)!r})"
+                                          for k, v in kept.items())
+            + ": a resume changes only what its command line names (--NAME=VALUE)")
+    return dataclasses.replace(s, **kept), note
 
 
 def resume_settings(saved, s, saved_world, world_size, log_dir):

@@ -76,10 +76,13 @@ def tokenize_file(path):
     (in memory, uint16, read-only)."""
     from tokenizer import get_encoding
     enc = get_encoding()
-    tokens = []
+    tokens, texts = [], 0
     for text in iter_file(path):
         tokens.append(enc.eot_token)
         tokens.extend(enc.encode_ordinary(text))
+        texts += bool(text)
+    if not texts:  # an empty file: no split would hold a row
+        raise UserError(f"data_root {path} holds no text: give a file with text in it (input.txt, say)")
     tokens = np.array(tokens, dtype=np.uint16)
     tokens.flags.writeable = False
     return tokens

@@ -194,8 +194,9 @@ def main():
     parser = command_line(__doc__)
     parser.add_argument("--model", default="gpt2", help="gpt2[-medium|-large|-xl], an HF GPT-2 folder, or a "
                         "train_gpt2.py checkpoint (.pt)")
-    parser.add_argument("--data", default=None, help="hellaswag_val.jsonl or a save_to_disk folder "
-                        "(default: download once into hellaswag_data/)")
+    parser.add_argument("--data", "--hellaswag_data", default=None, help="hellaswag_val.jsonl or a "
+                        "save_to_disk folder (default: download once into hellaswag_data/); --hellaswag_data "
+                        "as train_gpt2.py names it")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--batch_size", type=int, default=None,

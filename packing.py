@@ -179,7 +179,10 @@ def predict(model, prepared, rt, desc, progress):
     # importing it would cost an eager evaluation seconds
     compiled = "torch._dynamo" in sys.modules
     preds = torch.full((len(prepared.batches), prepared.batch_size, 3), -1, device=device)
-    for k, (_, _, batch) in enumerate(tqdm(prepared.batches, desc=desc, unit="batch", disable=not progress)):
+    # a terminal's bar moves as usual; a redirected log gets a line every 30 s, not one per batch
+    bar = tqdm(prepared.batches, desc=desc, unit="batch", disable=not progress,
+               mininterval=0.1 if sys.stderr.isatty() else 30)
+    for k, (_, _, batch) in enumerate(bar):
         tokens, pos, group, select, targets, owner = prepared.arrays(k, device)
         attn_mask = attention_mask(group)
         # the lengths vary from batch to batch: under torch.compile one graph for all of them, compiled once,

@@ -221,6 +221,7 @@ def test_inline_core_logs_every_task(tmp_path, text, bundle):
         core[0]["core_tasks"].values(), [30.0, 25.0, 50.0, 0.0, 0.0, 0.0])) / 6)
     report = (log / "report.md").read_text()  # the run's report: CORE beside HellaSwag, and each task
     assert f"- CORE: {core[-1]['core']:.4f} at step 2" in report and "- CORE's tasks at step 2 (accuracy): " in report
+    assert "![loss, bits per byte and CORE](plot.png)" in report
 
 
 @pytest.mark.slow
@@ -238,7 +239,8 @@ def test_cli_and_torchrun_agree(tmp_path, bundle, model):
     assert re.search(r"\nCORE -?[.\d]+ \(72 examples, 6 tasks; [.\d]+ s: reading [.\d]+ s, tokenizing and "
                      r"packing [.\d]+ s, forwards, compiling included [.\d]+ s\)", one.stdout), one.stdout
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-                         + args + ["--json", str(tmp_path / "two.json")], cwd=ROOT, env=ENV,
+                         + [a.replace("--bundle", "--core_bundle") for a in args]  # train_gpt2.py's name
+                         + ["--json", str(tmp_path / "two.json")], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     one, two = (json.load(open(tmp_path / f"{n}.json")) for n in ("one", "two"))

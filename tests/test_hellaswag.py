@@ -109,6 +109,17 @@ def test_batched_equals_unbatched(models, batch_size):
     assert len({p[1] for p in ref["predictions"]}) > 1  # the model does not answer the same for everything
 
 
+def test_progress_into_a_redirected_log_is_a_line_or_two(model, capsys):
+    """Into a file (not a terminal) the progress bar writes its first and last state, not one update a batch
+    (1,256 lines for HellaSwag's 10,042 at db9da80)."""
+    examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
+    prepared = hellaswag.prepare(examples, Runtime(), 1, model.config.block_size)
+    assert len(prepared.batches) >= 10
+    hellaswag.evaluate(model, prepared, Runtime(), progress=True)
+    err = capsys.readouterr().err  # pytest's capture is no terminal
+    assert f"{len(prepared.batches)}/{len(prepared.batches)}" in err and err.count("\r") <= 3, err
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ranks_split_examples_once(model, world_size):
     examples = [hellaswag.normalize(example(i), "t") for i in range(10)]  # 10 does not divide by 3 or 4
@@ -217,7 +228,8 @@ def test_cli_single_and_torchrun_gloo(model, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_cli_missing_data_is_one_line(model, tmp_path):
     ckpt = save_model(model, tmp_path / "model.pt")
-    r = script("hellaswag.py", "--model", ckpt, "--data", str(tmp_path / "hs.jsonl"), "--device", "cpu")
+    r = script("hellaswag.py", "--model", ckpt, "--hellaswag_data", str(tmp_path / "hs.jsonl"), "--device",
+               "cpu")  # train_gpt2.py's name for --data
     assert_one_line_error(r, "HellaSwag data", "hs.jsonl does not exist")
 
 

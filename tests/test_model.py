@@ -626,6 +626,9 @@ def test_pick_device_and_dtype(monkeypatch):
         resolve_dtype("half", "cpu")
     with autocast("cpu", "fp16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+    import runtime  # fp16 on a CPU runs, slower than fp32: a NOTE says so (bf16 and fp32 need none)
+    assert [n for n in runtime.setup("cpu", "fp16").notes if n.startswith("dtype=fp16 on a CPU")]
+    assert not [n for n in runtime.setup("cpu", "fp32").notes if n.startswith("dtype")]
     with autocast("cpu", "bf16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with autocast("cpu", "fp32"):

@@ -221,6 +221,7 @@ def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, refere
     assert f"- final train loss {steps[-1]['loss']:.4f}" in written and (log / "plot.png").exists()
     assert all(f"    {text!r}" in written for text in recs[-1]["samples"])
     assert '"n_layer": 2' in written and start["run"]["torch"] in written
+    assert "![loss and bits per byte](plot.png)" in written  # --hellaswag=0: the panels drawn, no others
     os.remove(log / "report.md")
     monkeypatch.setattr(sys, "argv", ["plot.py", "--report", f"--log={log / 'metrics.jsonl'}"])
     plot.main()

@@ -714,6 +714,11 @@ def test_a_short_run_and_a_tiny_corpus_say_each_thing_once(tmp_path, capsys, tex
                                         "tokens: lower T, or give it more text$"):
         train_gpt2.main(TINY + [f"--data_root={small}", "--T=64", "--max_steps=1", f"--log_dir={tmp_path}/b"])
     assert "evaluating on those" not in capsys.readouterr().out
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(UserError, match=r"^data_root .*empty.txt holds no text: give a file with text in it"):
+        train_gpt2.main(TINY + [f"--data_root={empty}", f"--log_dir={tmp_path}/c"])
+    assert "rows of" not in capsys.readouterr().out  # no NOTE of "-1 rows" before it
 
 
 def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
@@ -732,6 +737,27 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     assert "val_tokens changed" not in said and "data_root" not in said.split("config (")[0]
     assert "NOTE: warmup_steps" not in said
     assert sorted(losses(str(tmp_path))) == [1, 2, 3, 4]
+
+
+def test_extending_a_run_keeps_its_settings(tmp_path, capsys, text):
+    """A resume changes only what its command line names: a run started with --max_lr=1e-3 and extended
+    with --max_steps alone keeps 1e-3 (this command alone would take the CPU fallback's 3e-3 and jump the
+    learning rate), said in one NOTE; the same command resumes the same run; naming a setting changes it."""
+    tiny = [a for a in TINY if not a.startswith(("--max_lr", "--warmup_steps"))]
+    args = tiny + [f"--data_root={text}", "--checkpoint_interval=2", f"--log_dir={tmp_path}"]
+    assert train_gpt2.main(args + ["--max_steps=2", "--max_lr=1e-3"]) == 0
+    capsys.readouterr()
+    assert train_gpt2.main(args + ["--max_steps=4"]) == 0
+    said = capsys.readouterr().out
+    assert ("NOTE: kept the run's max_lr=0.001 (this command alone: 0.003): a resume changes only what its "
+            "command line names (--NAME=VALUE)") in said
+    assert "learning rate of step 3" not in said  # no jump
+    start = [r for r in records(str(tmp_path)) if r.get("event") == "start"][-1]
+    assert start["config"]["max_lr"] == 1e-3 and start["config"]["max_steps"] == 4
+    assert max(r["lr"] for r in records(str(tmp_path)) if "lr" in r) <= 1e-3
+    assert train_gpt2.main(args + ["--max_steps=6", "--max_lr=2e-3"]) == 0
+    said = capsys.readouterr().out
+    assert "NOTE: max_lr changed since the checkpoint: 0.001 -> 0.002" in said and "kept the run's" not in said
 
 
 def test_rank_without_local_rank(monkeypatch):
