@@ -122,7 +122,7 @@ def warming(name, out):
     if name == "script":
         steps = [r["ms"] for r in read_log(metrics_path(os.path.join(out, "script_log")))
                  if "loss" in r and "event" not in r]
-        return (steps[0] - statistics.median(steps)) / 1000 if steps else None
+        return max(0.0, steps[0] - statistics.median(steps)) / 1000 if steps else None  # eager: ~0
     try:
         with open(os.path.join(out, f"{name}.log")) as f:
             found = re.findall(r"^compiling and warm-up: (\d+) s$", f.read(), re.M)
