@@ -97,7 +97,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1, compiled=False):
     the loss is computed: an eager step's peak.
     compiled: Inductor fuses the cross-entropy into one kernel over the logits, which it keeps for backward in
     the compute dtype (a·V a token) in place of the fp32 log-probabilities, and the fp32 copy never exists:
-    no "logits" part. GPT-2 124M at B=64, T=1024, bf16: 28.7 GiB, where one H100 measured a compiled step's
+    no "logits" part. GPT-2 124M at B=64, T=1024, bf16: 28.8 GiB, where one H100 measured a compiled step's
     peak at 28.95 GiB (554bf22) and 26.55 GiB (234821a); the eager estimate is 53.4 GiB.
     FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
     (gradients are reduce-scattered every micro-step), and adds "gathered": the unsharded parameters and

@@ -41,10 +41,10 @@ import gpu_check
 import runtime
 from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
 from errors import UserError, check_range, command_line, main_guard
-from runlog import metrics_path, read_log
 from engine import Engine
 from model import GPT, GPT2_SIZES, GPTConfig
 from optimizers import ROLES, make_optimizers
+from runlog import metrics_path, read_log
 from runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
 from train_gpt2 import Models, train_step
 
@@ -87,7 +87,7 @@ def training_step(size, s, B, T, rt):
     return step
 
 
-WARMING = [0.0]  # seconds this process spent compiling and warming up: what its first calls took over the rest
+WARMING = [0.0]  # seconds this process spent compiling and warming up: its first calls' time over the rest
 
 
 def time_steps(step, device, steps, warmup):
@@ -254,7 +254,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
     span = 256 if rt.kind == "cuda" else 16  # sample.py --span: attend over the filled cache, in steps of it
-    span_at = max(batch for batch, _ in runs)  # its A/B where the cache outweighs the weights (batch 1: 1.00x)
+    span_at = max(batch for batch, _ in runs)  # its A/B where the cache outweighs the weights (batch 1: 1.00x
+    # on an H100)
     engine, spanned = Engine(model, compile), Engine(model, compile, span=span)
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
@@ -328,11 +329,13 @@ def memory(size, s, rt, measured):
             if not is_out_of_memory(e):
                 raise
     lines = ["memory of a training step, accounting.py's estimate against the peak measured "
-             "(CUDA's max_memory_allocated):", "", "| step | B | T | estimate | measured peak | estimate / measured |",
+             "(CUDA's max_memory_allocated):", "",
+             "| step | B | T | estimate | measured peak | estimate / measured |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for (B, T, compiled), peak in sorted(measured.items()):
         est = training_memory(config, B, T, dtype, compiled=compiled)["total"]
-        lines.append(f"| {'compiled' if compiled else 'eager'} | {B} | {T} | {fmt_bytes(est)} | {fmt_bytes(peak)} | "
+        lines.append(f"| {'compiled' if compiled else 'eager'} | {B} | {T} | {fmt_bytes(est)} | "
+                     f"{fmt_bytes(peak)} | "
                      f"{'n/a' if peak is None else f'{est / peak:.2f}'} |")
     return lines + [""]
 
@@ -344,8 +347,9 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("40 GB", 40e9), ("24 GB", 24e9))
     settings.fit chooses B."""
     head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, "
                                               "B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
-    lines = [f"memory per GPU by accounting.py's estimate (compiled step, bf16 autocast, AdamW, T={T}) and the "
-             "largest micro-batch B that fits in 90% of a card by it:", "", "| " + " | ".join(head) + " |",
+    lines = [f"memory per GPU by accounting.py's estimate (compiled step, bf16 autocast, AdamW, T={T}) and "
+             "the largest micro-batch B that fits in 90% of a card by it:", "",
+             "| " + " | ".join(head) + " |",
              "| --- |" + " ---: |" * (len(head) - 1)]
     for name, shape in GPT2_SIZES.items():
         config = GPTConfig(**shape, vocab_size=50304, block_size=max(T, 1024))
@@ -506,26 +510,27 @@ def peer_cost(peer, rt, B, T, steps, rounds=2):
             times["ours"].append(statistics.median(record["ms"] for record in logged[steps // 2:]))
             peaks["ours"] = max(record["peak_memory"] or 0 for record in logged) / 2**20 if cuda else None
             theirs = [sys.executable, "-c", PEER_RUNNER, root, peer, f"--input_bin={tmp}/peer_train_*.bin",
-                      "--model=d12", f"--batch_size={B}", f"--sequence_length={T}", f"--total_batch_size={B * T}",
-                      f"--num_iterations={steps}", "--learning_rate=6e-4", "--warmup_iters=10",
-                      "--weight_decay=0.1", "--overfit_single_batch=0", "--write_tensors=0", "--val_loss_every=0",
-                      "--sample_every=0", f"--device={rt.kind}", f"--compile={int(cuda)}", "--flash=1",
+                      "--model=d12", f"--batch_size={B}", f"--sequence_length={T}",
+                      f"--total_batch_size={B * T}", f"--num_iterations={steps}", "--learning_rate=6e-4",
+                      "--warmup_iters=10", "--weight_decay=0.1", "--overfit_single_batch=0",
+                      "--write_tensors=0", "--val_loss_every=0", "--sample_every=0", f"--device={rt.kind}",
+                      f"--compile={int(cuda)}", "--flash=1",
                       "--tensorcores=1", f"--dtype={'bfloat16' if cuda else 'float32'}"]
             p = subprocess.run(theirs, capture_output=True, text=True, cwd=tmp)
             ms = [float(m) for m in re.findall(r"\| \((\d+\.\d+) ms \|", p.stdout)]
-            if len(ms) < steps:  # its last line, the peak CUDA memory, fails on a CPU: the steps are what count
+            if len(ms) < steps:  # its last line (the peak CUDA memory) fails on a CPU: the steps count
                 raise RuntimeError(f"{peer} failed (exit status {p.returncode}):\n{p.stdout[-2000:]}"
                                    f"{p.stderr[-2000:]}")
             times["peer"].append(statistics.median(ms[steps // 2:]))
             found = re.search(r"peak memory consumption: (\d+) MiB", p.stdout)
             peaks["peer"] = int(found.group(1)) if found else None
-            print(f"round {r + 1}: train_gpt2.py {times['ours'][-1]:.2f} ms/step, llm.c's {times['peer'][-1]:.2f}",
-                  flush=True)
+            print(f"round {r + 1}: train_gpt2.py {times['ours'][-1]:.2f} ms/step, llm.c's "
+                  f"{times['peer'][-1]:.2f}", flush=True)
     ours, theirs = (statistics.median(times[k]) for k in ("ours", "peer"))
     mem = {k: "n/a" if v is None else f"{v:,.0f} MiB" for k, v in peaks.items()}
     lines = [f"train_gpt2.py against llm.c's PyTorch reference ({peer}), GPT-2 124M, B={B}, T={T}, {dtype}"
-             f"{', compiled' if cuda else ''}; {rounds} rounds in turns of {steps} steps, each run's median over "
-             "its second half:", "",
+             f"{', compiled' if cuda else ''}; {rounds} rounds in turns of {steps} steps, each run's median "
+             "over its second half:", "",
              "| script | ms/step (rounds) | tok/s | peak memory |", "| --- | ---: | ---: | ---: |",
              f"| train_gpt2.py | {ours:.2f} ({', '.join(f'{t:.2f}' for t in times['ours'])}) | "
              f"{B * T / ours * 1000:,.0f} | {mem['ours']} |",
@@ -566,8 +571,9 @@ def main():
                         help="every GPU figure: each of gpu_report.sections in its own process, its raw "
                         "output and DIR/report.md; a rerun continues where one stopped")
     parser.add_argument("--peer", default=None, metavar="PATH",
-                        help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, which "
-                        "you name) against train_gpt2.py at --step_B, in turns, on the same random-token shards")
+                        help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, "
+                        "which you name) against train_gpt2.py at --step_B, in turns, on the same "
+                        "random-token shards")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "
                         "continues from it)")

@@ -36,8 +36,9 @@ MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
 STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
 FIXED = SHAPE + STREAM + ("optimizer",)
-# What the machine and the launch decide, not the run: a resume takes them from this start-up (B: settings.fit,
-# the GPU's memory). Every other setting a resume keeps from the run unless the command line names it.
+# What the machine and the launch decide, not the run: a resume takes them from this start-up (B:
+# settings.fit, the GPU's memory). Every other setting a resume keeps from the run unless the command line
+# names it.
 MACHINE = ("device", "dtype", "compile", "B", "eval_B", "fsdp", "grad_checkpoint", "log_dir", "init_from",
            "eval_only", "collective_timeout", "tracker", "hellaswag_data", "core_bundle")
 # what a checkpoint written before a setting existed ran with

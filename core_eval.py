@@ -377,8 +377,9 @@ def main():
     parser = command_line(__doc__)
     parser.add_argument("--model", default="gpt2", help="gpt2[-medium|-large|-xl], an HF GPT-2 folder, or a "
                         "train_gpt2.py checkpoint (.pt)")
-    parser.add_argument("--bundle", "--core_bundle", default=None, help="the eval bundle's folder (core.yaml, "
-                        "eval_meta_data.csv, eval_data/; default: download once into core_data/); "
+    parser.add_argument("--bundle", "--core_bundle", default=None, help="the eval bundle's folder "
+                        "(core.yaml, eval_meta_data.csv, eval_data/; default: download once into "
+                        "core_data/); "
                         "--core_bundle as train_gpt2.py names it")
     parser.add_argument("--max_per_task", type=int, default=None,
                         help="the first N examples of each task after nanochat's shuffle (nanochat: 500)")

@@ -84,12 +84,12 @@ def weight_storage(model):
 class Decoder:
     """Cached decoding of one batch size: its KVCache, and the decode step's input token and position as
     device tensors that each step overwrites. compile: the step through torch.compile with fixed shapes
-    (compiled once per span: nothing else about a step changes its graph) and, on CUDA, captured once as a CUDA graph and
-    replayed: one launch instead of ~200, each step's input copied into the graph's own. span: attend over
-    the cache's filled positions only, rounded up to a multiple of span (a graph for each multiple, at
-    most 8: Dynamo's recompile limit), not its whole block_size (sample.py --span: a decode step at batch 8
-    reads more cache than weights at block_size 1024; one H100 measured 1.13x at batch 8, 1.00x at batch 1,
-    2026-11-26); 0: the whole cache, one graph."""
+    (compiled once per span: nothing else about a step changes its graph) and, on CUDA, captured once as a
+    CUDA graph and replayed: one launch instead of ~200, each step's input copied into the graph's own. span:
+    attend over the cache's filled positions only, rounded up to a multiple of span (a graph for each
+    multiple, at most 8: Dynamo's recompile limit), not its whole block_size (sample.py --span: a decode step
+    at batch 8 reads more cache than weights at block_size 1024; one H100 measured 1.13x at batch 8, 1.00x at
+    batch 1, 2026-11-26); 0: the whole cache, one graph."""
 
     def __init__(self, model, batch, dtype, device, compile, span=0):
         block_size = model.config.block_size

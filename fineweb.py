@@ -323,8 +323,8 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
     doc_ends = []  # where each document ends in buf while nothing is written (a corpus that fits in a shard)
     # closed however the loop ends: a bad document's line is printed on a line of its own
     # a redirected log gets a line every 30 s, not one per batch
-    with tqdm(unit="tok", unit_scale=True, desc="tokenizing", mininterval=0.1 if sys.stderr.isatty() else 30) \
-            as bar:
+    every = 0.1 if sys.stderr.isatty() else 30
+    with tqdm(unit="tok", unit_scale=True, desc="tokenizing", mininterval=every) as bar:
         for tokens, lengths in encode_batches(docs, workers):
             ends = np.cumsum(lengths)  # end of each document within `tokens`
             if index == 0:

@@ -58,7 +58,8 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
          "train_gpt2.py, a tiny model's first steps",
          [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",
           "--checkpoint_interval=1000", f"--log_dir={os.path.join(out, 'script_log')}", *script]),
-        ("generation", "generation, batch 1 and 8, --span at batch 8", bench("generation", "--only", "generation")),
+        ("generation", "generation, batch 1 and 8, --span at batch 8",
+         bench("generation", "--only", "generation")),
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
          bench("core", "--only", "core", *data)),
@@ -120,15 +121,16 @@ def warming(name, out):
     """Seconds a finished section spent compiling and warming up, or None where it cannot say (the checks):
     bench.py's last line says it; the script's first step over its median, where its compiling falls."""
     if name == "script":
-        steps = [r["ms"] for r in read_log(metrics_path(os.path.join(out, "script_log")))
-                 if "loss" in r and "event" not in r]
-        return max(0.0, steps[0] - statistics.median(steps)) / 1000 if steps else None  # eager: ~0
-    try:
-        with open(os.path.join(out, f"{name}.log")) as f:
-            found = re.findall(r"^compiling and warm-up: (\d+) s$", f.read(), re.M)
-    except OSError:
-        return None
+        ms = [r["ms"] for r in logged_steps(metrics_path(os.path.join(out, "script_log")))]
+        return max(0.0, ms[0] - statistics.median(ms)) / 1000 if ms else None  # eager: ~0
+    with open(os.path.join(out, f"{name}.log")) as f:  # run_section wrote it
+        found = re.findall(r"^compiling and warm-up: (\d+) s$", f.read(), re.M)
     return float(found[-1]) if found else None
+
+
+def logged_steps(log_path):
+    """train_gpt2.py's step records in a metrics.jsonl."""
+    return [r for r in read_log(log_path) if "loss" in r and "event" not in r]
 
 
 def summary(name, out):
@@ -163,7 +165,7 @@ def check_results(xml_path):
 
 def script_steps(log_path, skip=3):
     """Medians over train_gpt2.py's steps after the first `skip` (compiling, warming up)."""
-    steps = [r for r in read_log(log_path) if "loss" in r and "event" not in r][skip:]
+    steps = logged_steps(log_path)[skip:]
     if not steps:
         return [f"(fewer than {skip + 1} steps logged: see the log)"]
     med = {k: statistics.median(r[k] for r in steps) for k in ("ms", "tok_s")}
@@ -182,7 +184,8 @@ def write(out, env, command, done):
              f"- date: {env['date']}; code: commit {env['commit']}",
              f"- command: `{command}` (from the project root; each section's raw output is "
              "DIR/<section>.log)", "",
-             "| section | command | result | wall time | compiling and warm-up |", "| --- | --- | --- | ---: | ---: |"]
+             "| section | command | result | wall time | compiling and warm-up |",
+             "| --- | --- | --- | ---: | ---: |"]
     for name, record in done.items():
         result = "finished" if record["rc"] == 0 else f"FAILED (exit status {record['rc']})"
         warm = "n/a" if record.get("warming") is None else f"{record['warming']:.0f} s"

@@ -172,8 +172,8 @@ def report(path, records, series, plot_file=None):
         lines += ["", f"## Samples at step {samples[-1]['step']}", ""]
         lines += [f"    {text!r}" for text in samples[-1]["samples"]]
     if plot_file:  # the panels plot() drew for this run
-        drawn = ["loss", "bits per byte"] + [name for key, name in (("hellaswag", "HellaSwag"), ("core", "CORE"))
-                                             if series.get(key)]
+        drawn = ["loss", "bits per byte"] + [name for key, name in (("hellaswag", "HellaSwag"),
+                                                                    ("core", "CORE")) if series.get(key)]
         lines += ["", f"![{', '.join(drawn[:-1])} and {drawn[-1]}]({plot_file})"]
     return "\n".join(lines) + "\n"
 

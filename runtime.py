@@ -233,13 +233,13 @@ def setup(device="auto", dtype="auto", timeout=None):
                         f"tested on: pip install -r requirements.txt upgrades it")
     if rt.kind != "cuda":
         rt.dtype = resolve_dtype(dtype, rt.kind)
-        if rt.kind == "cpu" and rt.dtype == "fp16":  # runs, as asked: the fp16 path (loss scaling) on a laptop
-            rt.notes.append("dtype=fp16 on a CPU: no fp16 matrix units, so autocast and loss scaling make each "
-                            "step slower than fp32 (1.7x on this project's 2-core CPU): for trying the fp16 "
-                            "path; --dtype=auto (fp32 here) trains faster")
+        if rt.kind == "cpu" and rt.dtype == "fp16":  # runs as asked: the fp16 path (loss scaling) on a laptop
+            rt.notes.append("dtype=fp16 on a CPU: no fp16 matrix units, so autocast and loss scaling make "
+                            "each step slower than fp32 (1.7x on this project's 2-core CPU): for trying the "
+                            "fp16 path; --dtype=auto (fp32 here) trains faster")
     if rt.kind == "cuda":
         local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
-        if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it, LOCAL_RANK 0 says it
+        if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it; LOCAL_RANK 0 says
             raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "
                             f"{gpus} GPU{'s' if gpus != 1 else ''} visible (CUDA_VISIBLE_DEVICES="
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one process a GPU, so use "

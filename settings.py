@@ -307,8 +307,9 @@ def memory_estimate(s, rt, B):
 
 def fit_memory(s, given, rt):
     """(settings, notes): B checked against the GPU's memory by accounting.py's estimate of the step that
-    runs (compiled or eager), before minutes of compiling. A B that does not fit is lowered to the largest that does and keeps total_batch_size whole
-    (more accumulation steps), unless B was given on the command line: then a NOTE warns."""
+    runs (compiled or eager), before minutes of compiling. A B that does not fit is lowered to the largest
+    that does and keeps total_batch_size whole (more accumulation steps), unless B was given on the command
+    line: then a NOTE warns."""
     if rt.memory is None:  # not a CUDA GPU
         return s, []
     budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack

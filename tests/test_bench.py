@@ -279,7 +279,8 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert re.search(r"^\| eager \| 4 \| 64 \| [\d.]+ GiB \| n/a \| n/a \|$", report, re.M)  # the ladder's
     assert re.search(r"^\| eager \| 8 \| 64 \| [\d.]+ GiB \| n/a \| n/a \|$", report, re.M)  # the step's
-    assert re.search(r"^\| 124M \| 124,475,904 \| [\d.]+ GiB \| [\d.]+ GiB \| \d+ / \d+ \| 75 / \d+ \| ", report, re.M)
+    assert re.search(r"^\| 124M \| 124,475,904 \| [\d.]+ GiB \| [\d.]+ GiB \| \d+ / \d+ \| 75 / \d+ \| ",
+                     report, re.M)
     assert re.search(r"^\| [\d.]+ s \| [\d.]+ s \| [\d.]+ s, [\d.]+ s \| [\d,]+ \|$", report, re.M)  # HellaSwag
     assert re.search(r"^CORE \(80 examples in 5 tasks, .*, eager, \d+ threads tokenizing", report, re.M)
     assert re.search(r"^\| 4 \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| [\d,]+ \| -?[\d.]+ \|$", report, re.M)
@@ -297,7 +298,8 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
     # an eager script's first step may be its fastest: no compiling, not a negative time (flaky at 1181ac5)
     with open(out / "script_log" / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps({"step": i, "loss": 1.0, "ms": ms}) + "\n" for i, ms in enumerate((90, 300, 200), 1))
+        f.writelines(json.dumps({"step": i, "loss": 1.0, "ms": ms}) + "\n"
+                     for i, ms in enumerate((90, 300, 200), 1))
     assert gpu_report.warming("script", str(out)) == 0.0
     (tmp_path / "a_file").write_text("")
     with pytest.raises(UserError, match="a_file is not a folder that can be written: choose another folder"):

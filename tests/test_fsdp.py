@@ -138,9 +138,10 @@ def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
 def test_shards_hold_the_estimate_and_one_ranks_failure_is_agreed(tmp_path):
     """One torchrun of 2 gloo ranks (tests/workers/fsdp_ranks.py) with an FSDP2 model: each rank holds half
     of the parameters and AdamW states, as accounting.py estimates. Rank 0's checkpoint write fails on a full
-    disk: rank 0 raises its one line (its rank set, so it says it) and rank 1 stops at the same point (PeerFailed), at
-    once, not after a lost connection or the collective timeout. Ctrl-C on rank 1 inside runtime.together:
-    rank 1 raises KeyboardInterrupt, rank 0 PeerFailed, and the ranks still agree afterwards."""
+    disk: rank 0 raises its one line (its rank set, so it says it) and rank 1 stops at the same point
+    (PeerFailed), at once, not after a lost connection or the collective timeout. Ctrl-C on rank 1 inside
+    runtime.together: rank 1 raises KeyboardInterrupt, rank 0 PeerFailed, and the ranks still agree
+    afterwards."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "tests", "workers", "fsdp_ranks.py"), str(tmp_path)]
     r = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},

@@ -660,9 +660,9 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
                         lambda out, obj: out.__setitem__(slice(None), [obj, 40 * 2**30]))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # torchrun --nproc_per_node=2 on 1 GPU
-    with pytest.raises(UserError, match=r"^2 processes on this node \(torchrun --nproc_per_node=2\) but it has "
-                                        r"1 GPU visible \(CUDA_VISIBLE_DEVICES=.*\): one process a GPU, so use "
-                                        r"--nproc_per_node=1$"):
+    with pytest.raises(UserError, match=r"^2 processes on this node \(torchrun --nproc_per_node=2\) but "
+                                        r"it has 1 GPU visible \(CUDA_VISIBLE_DEVICES=.*\): one process a "
+                                        r"GPU, so use --nproc_per_node=1$"):
         runtime.setup("cuda", "auto", timeout=300)
     assert calls == [] and groups == []  # before any GPU or process group is touched
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
