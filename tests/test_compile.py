@@ -11,7 +11,7 @@ import pytest
 
 from checkpoint import checkpoints
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, hellaswag_example, losses, records, run_args,
-                      train, write_jsonl)
+                      train, write_core_bundle, write_jsonl)
 
 pytestmark = pytest.mark.slow  # every test here starts processes or compiles
 
@@ -25,16 +25,20 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     rank: each rank compiles the same graphs (twice the minutes on 2 cores); gradient sync and sharding under
     compile across 2 ranks are test_every_part_of_the_step's, HellaSwag split 4/3 over 2 FSDP ranks
     test_fsdp's. Either gives the eager one-process run's losses to rounding (compiled kernels round
-    differently; Newton-Schulz runs in bf16). The compiled HellaSwag equals an eager one-process evaluation,
-    samples are drawn, and the training steps and evaluation after the first evaluation compile nothing new
-    (tests/test_gpu.py checks this on a GPU)."""
+    differently; Newton-Schulz runs in bf16). The compiled HellaSwag (and, in the DDP run, CORE's 5 tasks of
+    3, which share HellaSwag's graph) equals an eager one-process evaluation, samples are drawn, and the
+    training steps and evaluation after the first evaluation compile nothing new (tests/test_gpu.py checks
+    this on a GPU)."""
+    import core_eval
     from checkpoint import load_model
     from gpu_check import recompiles
     from hellaswag import evaluate, load_examples, prepare
     from runtime import Runtime
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
+    bundle = write_core_bundle(tmp_path / "bundle", n=3)
     log = tmp_path / "compiled"
-    extra = MODERN_RUN if wrap == "ddp" else ["--fsdp=True", "--grad_checkpoint=True"]
+    core = ["--core=3", f"--core_bundle={bundle}"]  # core_eval.py's own run is eager (test_core.py)
+    extra = MODERN_RUN + core if wrap == "ddp" else ["--fsdp=True", "--grad_checkpoint=True"]
     r = train(run_args(text) + extra + ["--compile=True", "--hellaswag=7", f"--hellaswag_data={data}",
                                         f"--log_dir={log}"], cwd=tmp_path, nproc=1,
               env={"TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"})
@@ -51,6 +55,13 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     model = load_model(checkpoints(log)[-1]).eval()
     eager = evaluate(model, prepare(load_examples(data), Runtime(), 1, model.config.block_size), Runtime())
     assert eager["acc_norm"] == hs[-1]["hellaswag"] and eager["acc"] == hs[-1]["hellaswag_acc"]
+    if wrap == "ddp":
+        cores = [rec for rec in recs if "core" in rec]
+        assert [c["step"] for c in cores] == [4, 8]
+        prepared = core_eval.Prepared(core_eval.load_tasks(bundle, 3), Runtime(), 1, model.config.block_size)
+        eager = core_eval.evaluate(model, prepared, Runtime())
+        assert eager["core"] == cores[-1]["core"]
+        assert {label: t["accuracy"] for label, t in eager["tasks"].items()} == cores[-1]["core_tasks"]
 
 
 def test_bf16_on_cpu_and_compile_that_cannot_work(tmp_path, text):
