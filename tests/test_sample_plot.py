@@ -175,10 +175,11 @@ def test_plot_panels_share_the_step_axis_and_skip_an_empty_hellaswag(tmp_path):
     assert [title for title, _ in drawn][2:] == ["CORE"] and len({xlim for _, xlim in drawn}) == 1
 
 
-@pytest.mark.slow
-def test_plot_errors(tmp_path):
-    r = script("plot.py", "--log", str(tmp_path / "nope.jsonl"))
-    assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr
+def test_plot_errors(tmp_path, monkeypatch):
+    """UserErrors (plot.py's one line: test_plot_into_a_missing_folder_is_one_line)."""
+    monkeypatch.setattr(sys, "argv", ["plot.py", "--log", str(tmp_path / "nope.jsonl")])
+    with pytest.raises(UserError, match="nope.jsonl does not exist"):
+        plot.main()
     write_log(tmp_path / "start.jsonl", [{"event": "start", "step": 0}])
     with pytest.raises(UserError, match="no loss or evaluation records"):
         plot.load_metrics(str(tmp_path / "start.jsonl"))
