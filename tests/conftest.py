@@ -224,9 +224,9 @@ def trained_modern(seed=0):
 
 
 # The files whose tests take longest (compiling, torchrun) go first: each runs on one test worker
-# (--dist loadfile), and started last, one of them would leave the other workers idle at the end (pytest.ini's
-# --no-loadscope-reorder keeps this order: xdist's own puts the files with most tests first, and test_compile.py
-# ran alone for the last 150 s of a 650 s suite). Each worker starts on two files: these in turns.
+# (--dist loadfile), and started last, one of them would leave the other workers idle at the end
+# (pytest.ini's --no-loadscope-reorder keeps this order: xdist's own puts the files with most tests first,
+# and test_compile.py ran alone for the last 150 s of a 650 s suite). Each worker starts on two of these.
 LONGEST_FIRST = ("test_train.py", "test_fsdp.py", "test_faults.py", "test_compile.py", "test_core.py",
                  "test_bench.py", "test_eval.py", "test_sample_plot.py", "test_data.py")
 

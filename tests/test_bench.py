@@ -220,6 +220,7 @@ def item_calls(fn):
     return calls[0]
 
 
+@pytest.mark.slow
 def test_generation_check_fails_on_planted_defects(monkeypatch):
     """gpu_check.check_generation's logic on a CPU (eager decoding, Tensor.item counted as the syncs): it
     passes the real decoder, and fails on a cache that loses values, a sync per token, a counter that never

@@ -115,6 +115,7 @@ def reference(model, bundle, max_per_task=None):
     return out
 
 
+@pytest.mark.slow
 def test_packed_equals_the_one_example_reference(model, bundle):
     """Per example the same verdict as the reference, in every task: multiple choice of 2-4 options, few-shot,
     a non-space delimiter, schema, language modelling (some right, some wrong), prompts cropped at the
@@ -208,6 +209,7 @@ def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "cache" / "eval_bundle")
 
 
+@pytest.mark.slow
 def test_inline_core_logs_every_task(tmp_path, text, bundle):
     """--core=N evaluates the first N examples of each task at every evaluation, packed once at start-up,
     and logs CORE and each task's accuracy beside the validation loss."""

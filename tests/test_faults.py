@@ -23,6 +23,7 @@ def evaluations(log_dir):
     return [r["step"] for r in records(log_dir) if "val_loss" in r]
 
 
+@pytest.mark.slow
 def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsys, text):
     """Validation at step 3 fails with a bug (no checkpoint due there): the step's checkpoint is written, then
     the traceback. The rerun evaluates step 3 first, trains on, writes step 6's checkpoint before evaluating
@@ -113,6 +114,7 @@ def test_a_full_disk_while_checkpointing_is_one_line(tmp_path, monkeypatch, text
     assert losses(log) == ref_losses
 
 
+@pytest.mark.slow
 def test_a_log_that_cannot_be_appended_to_is_one_line(tmp_path, monkeypatch, text):
     """metrics.jsonl cannot be appended to from step 3 on (the disk filled): one line naming it; the
     checkpoint of step 2 resumes."""

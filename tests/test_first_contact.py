@@ -22,6 +22,7 @@ def our_modules():
     return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "*.py")))
 
 
+@pytest.mark.slow
 def test_no_file_in_the_repo_root_is_a_module_a_dependency_imports():
     """Scans the installed dependencies' sources for `import X`, `from X import` and availability checks
     (importlib.util.find_spec("X"), transformers' _is_package_available("X")) naming one of our files."""

@@ -313,10 +313,13 @@ def test_explicit_attention_matches_flash(n_kv_head):
 
 # ---------------------------------------------------------------------------------------- Hugging Face parity
 
-transformers = pytest.importorskip("transformers")
+@pytest.fixture
+def transformers():
+    """The independent reference, imported where a test asks for it (1 s, not at each worker's start)."""
+    return pytest.importorskip("transformers")
 
 
-def test_from_pretrained_local_dir_matches_hf(tmp_path):
+def test_from_pretrained_local_dir_matches_hf(tmp_path, transformers):
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=64)).eval()
@@ -328,7 +331,7 @@ def test_from_pretrained_local_dir_matches_hf(tmp_path):
         assert (m(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
 
-def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
+def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path, transformers):
     m = build(tiny(block_size=64, vocab_size=50304))  # vocab padded
     hf_gpt2.save_pretrained(m, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
@@ -341,7 +344,7 @@ def test_save_pretrained_loads_in_hf_with_same_logits(tmp_path):
         assert (back(x)[0] - hf(x).logits).abs().max() <= 1e-4
 
 
-def test_openai_name_downloads_hub_files(tmp_path, monkeypatch):
+def test_openai_name_downloads_hub_files(tmp_path, monkeypatch, transformers):
     """--model gpt2 fetches config.json + model.safetensors of openai-community/gpt2 through huggingface_hub.
     OpenAI's files hold a GPT2Model: keys without the "transformer." prefix, causal-mask buffers, no lm_head;
     older uploads have only pytorch_model.bin."""
@@ -411,7 +414,7 @@ def test_offline_name_is_one_line(tmp_path):
                           "they are not in its local cache", "pass a local folder")
 
 
-def test_hf_errors(tmp_path):
+def test_hf_errors(tmp_path, transformers):
     with pytest.raises(UserError, match="gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
         hf_gpt2.from_pretrained("gpt3")
     with pytest.raises(UserError, match="config.json does not exist"):
@@ -507,6 +510,7 @@ def test_activation_memory_estimate_matches_autograd(monkeypatch, dtype, n_kv_he
     assert abs(_saved_bytes(m, x, y, dtype) / (est["activations"] + est["weight_copies"]) - 1) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_compiled_memory_estimate_matches_what_inductor_saves(dtype):
     """What a compiled step keeps for backward is what Inductor's partition of the joint graph saves: the

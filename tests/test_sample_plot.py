@@ -64,6 +64,7 @@ def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
     assert out.split("-" * 80)[0].split("\n", 1)[1] == r.stdout.split("-" * 80)[0]
 
 
+@pytest.mark.slow
 def test_sample_matches_generate_and_is_seeded(checkpoint):
     _, model = checkpoint
     texts, tok_s, _ = sample.sample(Engine(model), "To be", 3, 10, 1.0, 50, 7, Runtime())

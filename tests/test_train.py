@@ -24,6 +24,7 @@ from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error
 
 # ------------------------------------------------------------------------------------------------ runs
 
+@pytest.mark.slow
 def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     """No data_root given and no edu_fineweb10B/ here: trains on input.txt (said aloud), on the CPU."""
     log = str(tmp_path / "log")
@@ -177,6 +178,7 @@ def test_fp16_loss_scaling_skips_and_resumes_exactly(tmp_path, capsys, text):
     assert all(torch.equal(w[k], w_ref[k]) for k in w_ref)
 
 
+@pytest.mark.slow
 def test_a_run_without_loss_scaling_resumes_in_fp16(tmp_path, capsys, text):
     """Started in bf16 or fp32 (an H100), resumed where dtype=auto picks fp16 (a V100 or T4): the checkpoint
     holds no loss scale to continue, so the scale starts fresh, with a NOTE, and the run goes on."""
@@ -562,6 +564,7 @@ def test_a_torchrun_process_exits_with_its_status_and_its_output(tmp_path, statu
     assert r.returncode == status and r.stdout.endswith("written before the exit"), (r.returncode, r.stderr)
 
 
+@pytest.mark.slow
 def test_validation_reads_the_split_at_most_once(tmp_path, capsys, text):
     """val_tokens beyond the validation split: a NOTE, and the loss of one pass over it (no row counted
     twice). The split of the tiny text holds 55 rows of 32 tokens."""
@@ -721,6 +724,7 @@ def test_a_short_run_and_a_tiny_corpus_say_each_thing_once(tmp_path, capsys, tex
     assert "rows of" not in capsys.readouterr().out  # no NOTE of "-1 rows" before it
 
 
+@pytest.mark.slow
 def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     """What start-up lowers to fit (val_tokens to the validation split) is lowered again on the resume, not
     a change; ./x is x; a run whose warm-up outlasts it says so."""
@@ -739,6 +743,7 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     assert sorted(losses(str(tmp_path))) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_extending_a_run_keeps_its_settings(tmp_path, capsys, text):
     """A resume changes only what its command line names: a run started with --max_lr=1e-3 and extended
     with --max_steps alone keeps 1e-3 (this command alone would take the CPU fallback's 3e-3 and jump the
