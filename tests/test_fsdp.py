@@ -38,33 +38,14 @@ def args(text, data, log_dir):
     return run_args(text) + ["--hellaswag=5", f"--hellaswag_data={data}", f"--log_dir={log_dir}"]
 
 
-def fp16_args(text, log_dir):
-    """3 steps in fp16 with a loss scale that overflows at first: some steps are skipped, not all."""
-    return TINY + [f"--data_root={text}", "--max_steps=3", "--eval_interval=3", "--checkpoint_interval=3",
-                   "--T=16", "--total_batch_size=256", "--dtype=fp16", "--loss_scale=1048576",
-                   f"--log_dir={log_dir}"]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, text):
-    """The same 8 steps under FSDP and under DDP, and 3 fp16 steps under each (2 gloo ranks): four
-    train_gpt2.main() runs in one torchrun launch (tests/workers/train_runs.py), the FSDP run first, in fresh
-    processes, as the restarted run it is compared with bit for bit starts. (The entry point itself, under
-    torchrun: the tests below that resume and restart, test_faults.py, test_eval.py.) Returns the folder,
-    the HellaSwag data and each run's stdout by name."""
+    """The same 8 steps under DDP and under FSDP (2 gloo ranks each)."""
     d = tmp_path_factory.mktemp("fsdp")
     data = write_jsonl(d / "hs.jsonl", [hellaswag_example(i) for i in range(5)])
-    plan = [("fsdp", args(text, data, d / "fsdp") + ["--fsdp=True"]), ("ddp", args(text, data, d / "ddp")),
-            ("fp16_ddp", fp16_args(text, d / "fp16_ddp")),
-            ("fp16_fsdp", fp16_args(text, d / "fp16_fsdp") + ["--fsdp=True"])]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(ROOT, "tests", "workers", "train_runs.py"), json.dumps(plan)]
-    r = subprocess.run(cmd, cwd=d, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    said = r.stdout.split("== RUN ")[1:]
-    out = {part.split("\n", 1)[0]: part.split("\n", 1)[1] for part in said}
-    assert list(out) == [name for name, _ in plan], list(out)
+    out = {}
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
+        out[name] = torchrun(args(text, data, d / name) + extra, cwd=d)
     return d, data, out
 
 
@@ -107,13 +88,13 @@ def test_fsdp_matches_ddp(runs):
     assert records(d / "fsdp")[0]["config"]["fsdp"] is True
     compare(d / "ddp", d / "fsdp")
     evals = {name: [{k: v for k, v in r.items() if k not in ("val_loss",)} for r in records(d / name)
-                    if "hellaswag" in r or "samples" in r] for name in ("ddp", "fsdp")}
+                    if "hellaswag" in r or "samples" in r] for name in out}
     # HellaSwag counts and sampled text, twice
     assert evals["ddp"] == evals["fsdp"] and len(evals["ddp"]) == 4
     hs = [r for r in evals["fsdp"] if "hellaswag" in r]
     assert [r["hellaswag_n"] for r in hs] == [5, 5]  # the padding batch was not counted
-    assert out["fsdp"].count("sample: ") == 8  # 4 samples, 2 evals, printed by rank 0 only
-    vals = {name: [r["val_loss"] for r in records(d / name) if "val_loss" in r] for name in ("ddp", "fsdp")}
+    assert out["fsdp"].stdout.count("sample: ") == 8  # 4 samples, 2 evals, printed by rank 0 only
+    vals = {name: [r["val_loss"] for r in records(d / name) if "val_loss" in r] for name in out}
     assert all(abs(a - b) <= 1e-5 * a for a, b in zip(vals["ddp"], vals["fsdp"]))
     # the same file as DDP writes: full tensors, wte and lm_head stored once, optimizer state by name
     a, b = final_weights(d / "ddp"), final_weights(d / "fsdp")
@@ -138,17 +119,20 @@ def test_fsdp_checkpoint_resumes_under_ddp(runs, tmp_path, text):
     assert loss_steps(log) == list(range(1, 9))
 
 
-def test_fsdp_fp16_skips_the_same_steps_as_ddp(runs):
+def test_fsdp_fp16_skips_the_same_steps_as_ddp(tmp_path, text):
     """fp16 loss scaling over shards: an overflow in any rank's shard skips the step on every rank, as DDP."""
-    d = runs[0]
-    recs = {name: [r for r in records(d / f"fp16_{name}") if "loss" in r and "event" not in r]
+    base = TINY + [f"--data_root={text}", "--max_steps=3", "--eval_interval=3", "--checkpoint_interval=3",
+                   "--T=16", "--total_batch_size=256", "--dtype=fp16", "--loss_scale=1048576"]
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp=True"])):
+        torchrun(base + [f"--log_dir={tmp_path / name}"] + extra, cwd=tmp_path)
+    recs = {name: [r for r in records(tmp_path / name) if "loss" in r and "event" not in r]
             for name in ("ddp", "fsdp")}
     assert [r["skipped"] for r in recs["ddp"]] == [r["skipped"] for r in recs["fsdp"]]
     assert any(r["skipped"] for r in recs["ddp"]) and not all(r["skipped"] for r in recs["ddp"])
     # (weights: 2 Adam steps from zero biases amplify fp16 rounding)
     for a, b in zip(recs["ddp"], recs["fsdp"]):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a, b)
-    assert final_weights(d / "fp16_fsdp")["scaler"] == final_weights(d / "fp16_ddp")["scaler"]
+    assert final_weights(tmp_path / "fsdp")["scaler"] == final_weights(tmp_path / "ddp")["scaler"]
 
 
 def test_shards_hold_the_estimate_and_one_ranks_failure_is_agreed(tmp_path):
