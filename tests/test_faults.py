@@ -279,9 +279,9 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
     start-up (its share of HellaSwag does not fit), the first step, a checkpoint's gather, validation,
     HellaSwag, CORE, the samples (a bug: a traceback) and the last step. Each attempt ends (torchrun's
     `failed (exitcode: 1)`) well within the collective timeout; rank 1's line is said once and names its
-    rank, and rank 0 says a line only where it was in a collective with rank 1 (the steps); the next attempt
-    resumes from the checkpoint expected (an evaluation's failure leaves its step's, written by both ranks
-    together; a step's the one before), which it verifies first, or starts afresh. The ninth attempt
+    rank, and rank 0 may say a line only where it was in a collective with rank 1 (the steps); the next
+    attempt resumes from the checkpoint expected (an evaluation's failure leaves its step's, written by both
+    ranks together; a step's the one before), which it verifies first, or starts afresh. The ninth attempt
     finishes: metrics.jsonl reads whole, each evaluation is logged once, the losses are one process's."""
     import datetime
     import re
@@ -323,10 +323,13 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
         mine = [line for line in errors if line.startswith("error (rank 1)")]
         assert len(mine) == 1 and mine[0].startswith(said), (fault, errors)
         assert sum(said in line for line in attempt.splitlines()) == 1, (fault, attempt[-3000:])
-        assert len(errors) == 1 + collective, (fault, errors)
-        if collective:  # rank 0 was in a collective with it: it stops when the connection closes
-            assert any(line.startswith("error: another process ended (its own line says why, if it could) "
-                                       "while this one was in step ") for line in errors), (fault, errors)
+        # rank 0, in a collective with rank 1, says its own line when it sees the connection close before
+        # torchrun's agent stops it (the agent stops the others as soon as one process fails): not always
+        # (missing once in 7 runs, 2026-11-27); never a line of its own otherwise
+        theirs = [line for line in errors if line not in mine]
+        assert len(theirs) <= collective, (fault, errors)
+        assert all(line.startswith("error: another process ended (its own line says why, if it could) while "
+                                   "this one was in step ") for line in theirs), (fault, errors)
         assert attempt.count("Traceback") == fault.startswith("bug:"), (fault, attempt[-3000:])
         resumed = re.search(r"^resuming from .*model_(\d+)\.pt", after, re.M)  # verified before it is used
         assert (resumed and int(resumed.group(1))) == newest, (fault, after[:500])
