@@ -213,9 +213,17 @@ def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_pat
     for name, body in fakes.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # a free port below the kernel's ephemeral range: the torchrun runs of other tests, and every
+    # connection, take theirs from that range, and one of them could take this port before the job binds it
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        below = int(f.read().split()[0])
+    for port in range(below - 1000, below):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
     env = {**ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
            "SLURM_JOB_NODELIST": "node1", "GPUS_PER_NODE": "1", "RDZV_PORT": str(port)}
     log = tmp_path / "log"
@@ -233,6 +241,7 @@ def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_pat
     finally:
         if job.poll() is None:
             job.kill()
+    assert (log / "metrics.jsonl").exists(), out[-3000:]
     stopped = max(losses(log))
     assert f"stopped by SIGUSR1 after step {stopped}; rerun the same command to resume" in out, out[-3000:]
     assert os.path.basename(checkpoints(log)[-1]) == f"model_{stopped:06d}.pt" and stopped < 1000
