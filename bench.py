@@ -254,8 +254,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
     # the weights in the compute dtype, as sample.py has them (inference keeps no fp32 master copy)
     model = build(size, {"vocab_size": 50304, "flash": True}, device).to(TORCH_DTYPES[rt.dtype]).eval()
     span = 256 if rt.kind == "cuda" else 16  # sample.py --span: attend over the filled cache, in steps of it
-    span_at = max(batch for batch, _ in runs)  # its A/B where the cache outweighs the weights (batch 1: 1.00x
-    # on an H100)
+    # --span's A/B where the cache outweighs the weights (at batch 1 an H100 measured 1.00x)
+    span_at = max(batch for batch, _ in runs)
     engine, spanned = Engine(model, compile), Engine(model, compile, span=span)
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \

@@ -1,7 +1,9 @@
 """checkpoint.py: the checksum catches a truncated file and bytes changed inside one, before anything is
 used."""
 import copy
+import importlib
 import os
+import sys
 
 import pytest
 import torch
@@ -107,8 +109,6 @@ def test_newest_valid(tmp_path):
 @pytest.mark.parametrize("name", ["sample", "hellaswag"])
 def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name, monkeypatch):
     """The UserError (its one line through each entry point: test_sample_plot.py, test_hellaswag.py)."""
-    import importlib
-    import sys
     path = str(tmp_path / "model_000003.pt")
     save_checkpoint(state(), path)
     with open(path, "r+b") as f:
@@ -194,15 +194,15 @@ def test_checkpoints_sort_by_step_past_a_million(tmp_path):
 def test_export_into_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """checkpoint.py CKPT --hf DIR where DIR (or the folder it would be made in) cannot be written: one line
     before anything is written (os.access faked: root may write anywhere here)."""
-    import sys
     import checkpoint
     ckpt = tmp_path / "model_000001.pt"
     model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
-    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": {
-        "block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}, "step": 1}, str(ckpt))
+    config = {"block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}
+    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": config, "step": 1}, str(ckpt))
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
     monkeypatch.setattr(sys, "argv", ["checkpoint.py", str(ckpt), "--hf", str(tmp_path / "new" / "hf")])
-    with pytest.raises(UserError, match=rf"--hf .*hf: {tmp_path} is not writable \(read-only or no permission\)"):
+    with pytest.raises(UserError,
+                       match=rf"--hf .*hf: {tmp_path} is not writable \(read-only or no permission\)"):
         checkpoint.main()
     assert not (tmp_path / "new").exists()

@@ -59,9 +59,9 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
         cores = [rec for rec in recs if "core" in rec]
         assert [c["step"] for c in cores] == [4, 8]
         prepared = core_eval.Prepared(core_eval.load_tasks(bundle, 3), Runtime(), 1, model.config.block_size)
-        eager = core_eval.evaluate(model, prepared, Runtime())
-        assert eager["core"] == cores[-1]["core"]
-        assert {label: t["accuracy"] for label, t in eager["tasks"].items()} == cores[-1]["core_tasks"]
+        eager_core = core_eval.evaluate(model, prepared, Runtime())
+        assert eager_core["core"] == cores[-1]["core"]
+        assert {label: t["accuracy"] for label, t in eager_core["tasks"].items()} == cores[-1]["core_tasks"]
 
 
 def test_bf16_on_cpu_and_compile_that_cannot_work(tmp_path, text):

@@ -224,6 +224,8 @@ def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_pat
                 break
             except OSError:
                 continue
+    else:
+        pytest.fail(f"no free port in {below - 1000}-{below - 1}")
     env = {**ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
            "SLURM_JOB_NODELIST": "node1", "GPUS_PER_NODE": "1", "RDZV_PORT": str(port)}
     log = tmp_path / "log"
