@@ -37,15 +37,14 @@ import time
 
 import torch
 
-import gpu_check
-import runtime
-from accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
-from errors import UserError, check_range, command_line, main_guard
-from engine import Engine
+from gptlib import gpu_check, runtime
+from gptlib.accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
+from gptlib.engine import Engine
+from gptlib.errors import UserError, check_range, command_line, main_guard
+from gptlib.optimizers import ROLES, make_optimizers
+from gptlib.runlog import metrics_path, read_log
+from gptlib.runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
 from model import GPT, GPT2_SIZES, GPTConfig
-from optimizers import ROLES, make_optimizers
-from runlog import metrics_path, read_log
-from runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
 from train_gpt2 import Models, train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it. Fused
@@ -370,7 +369,7 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
     """The three softmaxes in GB/s (one read + one write of the fp32 tensor), on ~1 GB inputs so no cache
     holds them: rows as long as an attention row at T=1024, and as long as a row of logits (50304), where one
     program's row no longer fits in registers. The Triton result is checked against torch.softmax first."""
-    import fused_softmax
+    from gptlib import fused_softmax
     bw = memory_bandwidth(torch.cuda.get_device_name()) if device == "cuda" else None
     out = [f"softmax, fp32 (GB/s = 2 x bytes / time; memory bandwidth "
            f"{'unknown' if bw is None else f'{bw / 1e9:,.0f} GB/s'}):"]
@@ -472,7 +471,7 @@ def core_cost(size, rt, data, compile, batch_sizes):
 # download, is the vendored one (tokenizer.py), so a machine without internet runs it too
 PEER_RUNNER = ("import runpy, sys, tiktoken\n"
                "sys.path.insert(0, sys.argv[1])\n"
-               "import tokenizer\n"
+               "from gptlib import tokenizer\n"
                "tiktoken.get_encoding = lambda name: tokenizer.get_encoding()\n"
                "sys.argv = sys.argv[2:]\n"
                "runpy.run_path(sys.argv[0], run_name='__main__')\n")
@@ -584,7 +583,7 @@ def main():
         check_range(f"--{option}", getattr(args, option), low)
     check_range("--budget", args.budget, above=0)
     if args.report:
-        import gpu_report
+        from gptlib import gpu_report
         return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit,
                               args.peer)
     only = EVERYTHING if args.only is None else tuple(x for x in args.only.split(",") if x)

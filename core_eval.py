@@ -30,12 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import packing
-import runtime
-from documents import iter_jsonl
-from errors import UserError, check_range, command_line, first_line, main_guard
-from packing import common_prefix
-from tokenizer import encode_many, get_encoding
+from gptlib import packing, runtime
+from gptlib.documents import iter_jsonl
+from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
+from gptlib.packing import common_prefix
+from gptlib.tokenizer import encode_many, get_encoding
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_data")
@@ -397,7 +396,7 @@ def main():
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise UserError(f"--json={args.json}: its folder does not exist")
 
-    from checkpoint import load_model
+    from gptlib.checkpoint import load_model
     rt = runtime.setup(args.device)
     if args.unbatched and rt.distributed:
         raise UserError("--unbatched runs in one process: drop torchrun, or --unbatched")

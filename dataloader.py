@@ -16,8 +16,8 @@ import re
 
 import numpy as np
 
-from documents import DOCUMENT_FILES, tokenize_file
-from errors import UserError, first_line
+from gptlib.documents import DOCUMENT_FILES, tokenize_file
+from gptlib.errors import UserError, first_line
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4

@@ -42,8 +42,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from dataloader import read_header, shard_path, split_point, to_uint16, write_shard
-from documents import DOCUMENT_FILES, field, iter_file, text_of
-from errors import UserError, check_range, command_line, first_line, main_guard
+from gptlib.documents import DOCUMENT_FILES, field, iter_file, text_of
+from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 # the validation shard of a corpus larger than one shard: its first VAL_TOKENS (or one shard, if smaller):
@@ -157,7 +157,7 @@ def iter_saved_dataset(path, text_field):
 
 def encode_batch(texts):
     """[<|endoftext|>] + tokens of each text, concatenated (uint16), and each document's token count."""
-    from tokenizer import get_encoding
+    from gptlib.tokenizer import get_encoding
     enc = get_encoding()  # loaded once per worker process
     eot = np.array([enc.eot_token], dtype=np.uint32)
     arrays = []
@@ -395,7 +395,7 @@ def download(out_dir, shards=PRETOKENIZED_TRAIN, repo=PRETOKENIZED, prefix=PRETO
     except ImportError:
         raise UserError("--pretokenized needs huggingface_hub (it comes with datasets: pip install -r "
                         "requirements.txt)") from None
-    from runtime import hub_online  # here: runtime imports torch, which fineweb.py needs nowhere else
+    from gptlib.runtime import hub_online  # here: runtime imports torch, which fineweb.py needs nowhere else
     online = hub_online()  # offline, only the Hub cache is read: seconds, not half a minute of retries
     new = not os.path.exists(out_dir)
     make_out_dir(out_dir)

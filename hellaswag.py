@@ -17,12 +17,11 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-import packing
-import runtime
-from documents import iter_jsonl
-from errors import UserError, check_range, command_line, first_line, main_guard
-from runtime import autocast, hub_online
-from tokenizer import encode_many, get_encoding
+from gptlib import packing, runtime
+from gptlib.documents import iter_jsonl
+from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
+from gptlib.runtime import autocast, hub_online
+from gptlib.tokenizer import encode_many, get_encoding
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
 
@@ -208,7 +207,7 @@ def main():
     check_range("--limit", args.limit, 1)
     check_range("--batch_size", args.batch_size, 1)
 
-    from checkpoint import load_model
+    from gptlib.checkpoint import load_model
     rt = runtime.setup(args.device)  # under torchrun: its process group, each rank a GPU of its own
     if args.unbatched and rt.distributed:
         raise UserError("--unbatched runs in one process: drop torchrun, or --unbatched")

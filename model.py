@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from errors import UserError
+from gptlib.errors import UserError
 
 # tokens the GPT-2 tokenizer can decode; rows beyond this (vocab padded to 50304) are never sampled
 GPT2_VOCAB = 50257

@@ -13,10 +13,10 @@ values) and on a run still writing its log (a half-written last line is skipped)
 import json
 import os
 
-from accounting import duration
 from core_eval import GPT2_CORE
-from errors import UserError, command_line, main_guard
-from runlog import read_log
+from gptlib.accounting import duration
+from gptlib.errors import UserError, command_line, main_guard
+from gptlib.runlog import read_log
 
 # Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
 # (n_layer, n_embd) they match; no figure for a size where none was published.

@@ -11,12 +11,12 @@ import time
 
 import torch
 
-import runtime
-from checkpoint import checkpoints, load_model
-from engine import Engine
-from errors import UserError, check_range, command_line, main_guard
-from runtime import autocast, synchronize
-from tokenizer import get_encoding
+from gptlib import runtime
+from gptlib.checkpoint import checkpoints, load_model
+from gptlib.engine import Engine
+from gptlib.errors import UserError, check_range, command_line, main_guard
+from gptlib.runtime import autocast, synchronize
+from gptlib.tokenizer import get_encoding
 
 
 @torch.no_grad()

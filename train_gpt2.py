@@ -25,21 +25,20 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import core_eval
-import runtime
-import settings
-from accounting import Clock, duration, mfu, peak_flops
-from checkpoint import continue_run, load_model, remove_stale_writes, save_run
 from dataloader import DataLoaderLite
-from engine import Engine
-from errors import PeerFailed, RankError, UserError, main_guard
+from gptlib import runtime, settings
+from gptlib.accounting import Clock, duration, mfu, peak_flops
+from gptlib.checkpoint import continue_run, load_model, remove_stale_writes, save_run
+from gptlib.engine import Engine
+from gptlib.errors import PeerFailed, RankError, UserError, main_guard
+from gptlib.optimizers import make_optimizers, role_peaks, set_lr
+from gptlib.runlog import RunLog, hold_log_dir, metrics_path
+from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
+from gptlib.tokenizer import get_encoding, token_bytes
 from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
 from model import GPT, GPTConfig
-from optimizers import make_optimizers, role_peaks, set_lr
 from plot import write_report
-from runlog import RunLog, hold_log_dir, metrics_path
-from runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
 from sample import sample
-from tokenizer import get_encoding, token_bytes
 
 _IMPORTED = set(globals())  # the names above are not settings
 # ------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ CHILD = """
 import sys, time, torch
 sys.path.insert(0, ".")
 import core_eval
-from runtime import Runtime
+from gptlib.runtime import Runtime
 tasks = core_eval.load_tasks(sys.argv[1])
 rt = Runtime()
 rt.cpus = int(sys.argv[3])  # a tree older than Runtime.cpus ignores it

@@ -20,10 +20,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gptlib import runtime  # noqa: E402
+from gptlib.runtime import Runtime, synchronize  # noqa: E402
 import hellaswag  # noqa: E402
-import runtime  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from runtime import Runtime, synchronize  # noqa: E402
 
 
 def main():

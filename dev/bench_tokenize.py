@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fineweb import encode_batches  # noqa: E402
-from tokenizer import get_encoding  # noqa: E402
+from gptlib.tokenizer import get_encoding  # noqa: E402
 
 
 def tokenize(doc):  # build-nanogpt's per-document function

@@ -12,7 +12,7 @@ import tempfile
 import pytest
 import torch
 
-from checkpoint import checkpoints, save_checkpoint
+from gptlib.checkpoint import checkpoints, save_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +115,7 @@ def script(name, *args, env=None):
 def records(log_dir):
     """The records of log_dir/metrics.jsonl, through its one reader (a live run's half-written line is left
     out)."""
-    from runlog import read_log
+    from gptlib.runlog import read_log
     return read_log(os.path.join(log_dir, "metrics.jsonl"))
 
 

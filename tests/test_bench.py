@@ -7,15 +7,15 @@ import sys
 import pytest
 
 from conftest import script
-from errors import UserError
-from runtime import Runtime
+from gptlib.errors import UserError
+from gptlib.runtime import Runtime
 
 
 def test_the_profiled_steps_go_to_a_trace_without_the_profilers_chatter(tmp_path, capfd):
     """--trace: the profiled steps of the last rung as a Chrome trace, and nothing of Kineto's "STAGE:" and
     "USDT:" lines on stderr (the report test runs the whole ladder and its breakdown as a command)."""
     import bench
-    from runtime import Runtime
+    from gptlib.runtime import Runtime
     every = {k: v for _, switch in bench.rungs({"compile"}) for k, v in switch.items()}
     step = bench.training_step(dict(n_layer=1, n_head=2, n_embd=32, block_size=64), {**bench.BASE, **every}, 2,
                                32, Runtime())
@@ -54,7 +54,7 @@ def test_presets_table():
     """Per GPT-2 size: memory per GPU under DDP and FSDP x8 and the largest B that fits an 80, 40 and 24 GB
     card, by accounting.py's estimate of the compiled step (train_gpt2.py's default)."""
     import bench
-    from accounting import training_memory
+    from gptlib.accounting import training_memory
     from model import GPT2_SIZES, GPTConfig
     lines = bench.presets(1024)
     row = re.compile(r"^\| (\d+M) \| [\d,]+ \| ([\d.]+) GiB \| ([\d.]+) GiB "
@@ -169,7 +169,7 @@ def test_gpu_check_parts_that_run_on_a_cpu():
     """gpu_check's attention check reads the ops SDPA really ran from the profiler (on a CPU: its flash op
     too) and accepts any fused backend, as the ops of an H100 (cuDNN) or an older GPU show them, never the
     math fallback; the recompile count splits TORCH_LOGS output at a marker line."""
-    from gpu_check import attention_backends, check_attention, recompiles
+    from gptlib.gpu_check import attention_backends, check_attention, recompiles
     ok, detail = check_attention(Runtime())
     assert ok and "SDPA ran flash attention (aten::_scaled_dot_product_flash_attention_for_cpu" in detail, \
         detail
@@ -188,7 +188,7 @@ def test_gpu_check_parts_that_run_on_a_cpu():
 def test_the_eta_counts_evaluations_at_the_recent_pace(monkeypatch):
     """Steps of 1 s with an evaluation of 4 s every 2 steps: over a window of 2 steps the pace is 3 s a step,
     so 10 steps before the end the ETA is 30 s; the elapsed time goes on from a resumed run's."""
-    import accounting
+    from gptlib import accounting
     now = [1000.0]
     monkeypatch.setattr(accounting.time, "time", lambda: now[0])
     clock = accounting.Clock(elapsed=50.0, window=2)
@@ -225,8 +225,8 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
     """gpu_check.check_generation's logic on a CPU (eager decoding, Tensor.item counted as the syncs): it
     passes the real decoder, and fails on a cache that loses values, a sync per token, a counter that never
     fires, and a comparison that covers too few steps."""
-    import engine
-    from gpu_check import check_generation, generation_verdict
+    from gptlib import engine
+    from gptlib.gpu_check import check_generation, generation_verdict
     rt = Runtime()
     ok, detail = check_generation(rt, compile=False, count_syncs=item_calls, steps=16)
     assert ok, detail
@@ -254,7 +254,7 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     """bench.py --report on a CPU, at its tiny size: every section in its own process, its raw output kept,
     report.md naming the commit and each command; a rerun runs nothing it holds; a budget stops the section
     running (exit 2) and the rerun finishes it (those reruns call gpu_report.run, what the command runs)."""
-    import gpu_report
+    from gptlib import gpu_report
     out = tmp_path / "r"
     r = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -312,9 +312,8 @@ def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
     report.md and the GPU report read it; off CUDA it is None and nothing is said."""
     import torch
 
-    import gpu_report
+    from gptlib import gpu_report, runtime
     import plot
-    import runtime
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**29)

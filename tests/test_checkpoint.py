@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, newest_valid,
+from gptlib.checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, newest_valid,
                         save_checkpoint)
-from errors import UserError
+from gptlib.errors import UserError
 from model import GPT, GPTConfig
 MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
 
@@ -41,7 +41,7 @@ def test_round_trip_and_checksum(tmp_path):
 def test_a_checkpoint_with_a_retired_setting_still_loads(tmp_path):
     """Checkpoints written at 234821a hold GPTConfig's chunked_loss (removed since): load_model and
     model_config read them, verified, without it."""
-    from checkpoint import model_config
+    from gptlib.checkpoint import model_config
     s = state()
     s["model_config"]["chunked_loss"] = True
     path = str(tmp_path / "model_000003.pt")
@@ -128,8 +128,8 @@ def test_a_resumed_adamw_keeps_this_devices_kernel(saved_fused, fused):
     unfused while its log says fused. The fresh optimizer's kernel is kept, its step counts go where that
     kernel reads them, and its next step equals the saved run's. Its hyperparameters are this run's too (a
     resume may change a learning rate or the weight decay); only the state comes from the checkpoint."""
-    from checkpoint import gather_state, load_state
-    from optimizers import ROLES, make_optimizers
+    from gptlib.checkpoint import gather_state, load_state
+    from gptlib.optimizers import ROLES, make_optimizers
 
     def make(fused_kernel, weight_decay=0.1):
         torch.manual_seed(0)
@@ -169,9 +169,9 @@ def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
     """A checkpoint whose optimizer groups were keyed by learning rate (before they were named by role)
     cannot fit this code's groups: one UserError naming both layouts and the way out (its weights with a
     fresh optimizer), before anything is loaded."""
-    from checkpoint import Resume
-    from optimizers import ROLES, make_optimizers
-    from runtime import Runtime
+    from gptlib.checkpoint import Resume
+    from gptlib.optimizers import ROLES, make_optimizers
+    from gptlib.runtime import Runtime
     model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 1e-2), False)
     meta = {"step": 4, "path": "log/model_000004.pt", "model_config": {}, "roles": [None, None]}
@@ -198,7 +198,7 @@ def test_export_into_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, cap
     ckpt = tmp_path / "model_000001.pt"
     model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
     config = {"block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}
-    checkpoint.save_checkpoint({"model": model.state_dict(), "model_config": config, "step": 1}, str(ckpt))
+    save_checkpoint({"model": model.state_dict(), "model_config": config, "step": 1}, str(ckpt))
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real(p, mode))
     monkeypatch.setattr(sys, "argv", ["checkpoint.py", str(ckpt), "--hf", str(tmp_path / "new" / "hf")])

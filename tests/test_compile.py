@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from checkpoint import checkpoints
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, hellaswag_example, losses, records, run_args,
                       train, write_core_bundle, write_jsonl)
+from gptlib.checkpoint import checkpoints
 
 pytestmark = pytest.mark.slow  # every test here starts processes or compiles
 
@@ -30,10 +30,10 @@ def test_compiled_ranks_match_the_eager_one_process_run(tmp_path, text, referenc
     training steps and evaluation after the first evaluation compile nothing new (tests/test_gpu.py checks
     this on a GPU)."""
     import core_eval
-    from checkpoint import load_model
-    from gpu_check import recompiles
+    from gptlib.checkpoint import load_model
+    from gptlib.gpu_check import recompiles
+    from gptlib.runtime import Runtime
     from hellaswag import evaluate, load_examples, prepare
-    from runtime import Runtime
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
     bundle = write_core_bundle(tmp_path / "bundle", n=3)
     log = tmp_path / "compiled"

@@ -14,14 +14,14 @@ import jinja2
 import pytest
 import torch
 
-import core_eval
-import packing
 from conftest import ENV, ROOT, TINY, records, save_model, write_core_bundle, write_jsonl
-from engine import Engine
-from errors import UserError
+import core_eval
+from gptlib import packing
+from gptlib.engine import Engine
+from gptlib.errors import UserError
+from gptlib.runtime import Runtime
+from gptlib.tokenizer import encode_many, get_encoding
 from model import GPT, GPTConfig
-from runtime import Runtime
-from tokenizer import encode_many, get_encoding
 
 BLOCK = 64  # few positions: lm_long's prompts are cropped
 

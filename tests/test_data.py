@@ -10,13 +10,13 @@ import numpy as np
 import torch
 import pytest
 
-import fineweb
+from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
                         write_shard)
-from documents import tokenize_file
-from errors import UserError
-from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
-from tokenizer import get_encoding
+import fineweb
+from gptlib.documents import tokenize_file
+from gptlib.errors import UserError
+from gptlib.tokenizer import get_encoding
 
 
 def reference(docs):
@@ -669,9 +669,9 @@ def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, c
     """kjj0/finewebedu10B-gpt2 has 99 train shards (103 is kjj0/fineweb10B-gpt2's), so --shards=100 is refused
     before any download; a Hub that answers "no such file" part-way (the download faked) is one line that
     says how many complete shards were kept, and they stay."""
-    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
+    from gptlib import runtime
     import huggingface_hub
-    import runtime
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
     assert fineweb.PRETOKENIZED_TRAIN == 99
     with pytest.raises(UserError, match="has train shards 1 to 99"):
         fineweb.download(str(tmp_path / "x"), 100)
@@ -704,7 +704,7 @@ def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, c
 def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path):
     """A bare string or a list on a .jsonl line, in a data_root file or fineweb.py's input: one line naming
     the file and the line, not a TypeError."""
-    from documents import iter_file
+    from gptlib.documents import iter_file
     for bad, kind in (('"just text"', "str"), ('["a", "b"]', "list")):
         path = tmp_path / f"{kind}.jsonl"
         path.write_text('{"text": "fine"}\n' + bad + "\n")

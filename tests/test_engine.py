@@ -3,8 +3,8 @@ compiled step, the host syncs a decode loop makes."""
 import pytest
 import torch
 
-from engine import Engine, KVCache
 from conftest import build, tiny, trained_modern
+from gptlib.engine import Engine, KVCache
 from model import GPT, GPT2_VOCAB, GPTConfig
 
 

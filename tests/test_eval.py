@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import fineweb
-from checkpoint import checkpoints
-from errors import UserError
 from conftest import DOCS, ROOT, hellaswag_example, records, save_model, train, write_jsonl
 from dataloader import load_shard
-import hf_gpt2
+import fineweb
+from gptlib import hf_gpt2
+from gptlib.checkpoint import checkpoints
+from gptlib.errors import UserError
+from gptlib.tokenizer import EOT, get_encoding
 from model import GPT, GPTConfig
-from tokenizer import EOT, get_encoding
 
 B, T, VAL_ROWS = 2, 16, 11  # 11 rows: neither B nor 2 ranks divide them (batches padded, shares unequal)
 EVAL = ["--device=cpu", f"--B={B}", f"--T={T}", f"--total_batch_size={B * T * 2}",

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-import train_gpt2
-from checkpoint import checkpoints
 from conftest import TINY, losses, records, run_args, train
-from errors import UserError
+from gptlib.checkpoint import checkpoints
+from gptlib.errors import UserError
+import train_gpt2
 
 
 def evaluations(log_dir):
@@ -54,7 +54,7 @@ def test_an_evaluation_that_fails_loses_no_training(tmp_path, monkeypatch, capsy
     calls.clear()
     # step 3's evaluation, done first, succeeds; step 6's fails
     monkeypatch.setattr(train_gpt2, "validation_loss", fails(torch.OutOfMemoryError("CUDA out of memory"), 2))
-    from errors import RankError
+    from gptlib.errors import RankError
     with pytest.raises(RankError) as e:
         train_gpt2.main(args + [f"--log_dir={log}"])
     assert "evaluating that step first: its evaluation is not in the log" in capsys.readouterr().out
@@ -96,7 +96,7 @@ def test_a_full_disk_while_checkpointing_is_one_line(tmp_path, monkeypatch, text
     """The disk fills while step 6's checkpoint is written: one line naming the file, the error and the room
     it needs; no .tmp left, step 4's checkpoint intact. The same command, once there is room, resumes from
     step 4 and ends as the uninterrupted run."""
-    import checkpoint
+    from gptlib import checkpoint
     ref_losses, _, _ = reference
     log = tmp_path / "log"
     monkeypatch.setattr(checkpoint.torch, "save", full_disk(after=3))  # steps 2 and 4 are written
@@ -126,7 +126,7 @@ def test_a_log_that_cannot_be_appended_to_is_one_line(tmp_path, monkeypatch, tex
             if len(writes) > 3:  # the start record, steps 1 and 2
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, mode, *args, **kwargs)
-    import runlog
+    from gptlib import runlog
     monkeypatch.setattr(runlog, "open", fails, raising=False)  # the log's one writer
     args = TINY + [f"--data_root={text}", "--max_steps=4", "--checkpoint_interval=2", "--eval_interval=100",
                    f"--log_dir={tmp_path}"]
@@ -141,7 +141,7 @@ def test_a_log_that_cannot_be_appended_to_is_one_line(tmp_path, monkeypatch, tex
 @pytest.mark.parametrize("where", ["existing", "new"])
 def test_a_log_dir_that_cannot_be_written_is_one_line_before_anything_is_built(tmp_path, monkeypatch, where):
     """A read-only mount or no permission (faked: the tests run as root, whom permissions do not stop)."""
-    import checkpoint
+    from gptlib import checkpoint
     import model
     monkeypatch.setattr(model.GPT, "__init__", lambda *a: pytest.fail("a model was built"))
     if where == "existing":
@@ -360,7 +360,7 @@ def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkp
     the gather (docs/training.md). Rank 1 runs out of memory in HellaSwag at step 3: it says so and ends; rank
     0's gather loses it and stops in one line; the run exits 1 within the timeout, and step 2's checkpoint (no
     checkpoint is due at step 3) is the newest and verifies."""
-    from checkpoint import load_checkpoint
+    from gptlib.checkpoint import load_checkpoint
     log = tmp_path / "log"
     args = eval_args(tmp_path, text) + [f"--log_dir={log}", f"--collective_timeout={TIMEOUT}", "--fsdp=True"]
     t0 = time.time()

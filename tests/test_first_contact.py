@@ -19,7 +19,10 @@ DEPENDENCIES = ("torch", "transformers", "datasets", "huggingface_hub", "tiktoke
 
 
 def our_modules():
-    return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "*.py")))
+    """The names our repo root makes importable: its .py files and its package (gptlib)."""
+    packages = glob.glob(os.path.join(ROOT, "*", "__init__.py"))
+    return sorted([os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "*.py"))]
+                  + [os.path.basename(os.path.dirname(p)) for p in packages])
 
 
 @pytest.mark.slow
@@ -81,7 +84,7 @@ try:
     raise SystemExit("triton importable")
 except ImportError:
     pass
-import hf_gpt2
+from gptlib import hf_gpt2
 from model import GPT, GPTConfig
 torch.manual_seed(0)
 m = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
@@ -112,7 +115,7 @@ def test_what_runs_leave_is_ignored_by_git():
             "nano/edufineweb_train_000001.npy", "hellaswag_data/hellaswag_val.jsonl", ".venv/bin/python",
             "venv/lib/x.py", "bench.md", "gpu_report/report.md", "gpu_report/checks.log", "trace.json",
             "my-gpt2/model.safetensors", "my-gpt2/config.json", "export/model.safetensors"]
-    ours = ["train_gpt2.py", "gpt2.tiktoken", "input.txt", "tests/conftest.py", "docs/cpu_run.png",
+    ours = ["train_gpt2.py", "gptlib/gpt2.tiktoken", "gptlib/settings.py", "input.txt", "tests/conftest.py", "docs/cpu_run.png",
             "docs/gpu/h100-2026-11-25/report/report.md", "docs/gpu/h100-2026-11-25/report/script_log/metrics.jsonl"]
     r = subprocess.run(["git", "check-ignore", "--no-index", *left, *ours], cwd=ROOT, capture_output=True,
                        text=True)
@@ -122,7 +125,7 @@ def test_what_runs_leave_is_ignored_by_git():
 # ------------------------------------------------------------------------------------------------ numbers
 
 def test_every_numeric_setting_has_a_range():
-    import settings
+    from gptlib import settings
     import train_gpt2
     numeric = {k for k, v in train_gpt2.CONFIG.items() if type(v) in (int, float)}
     assert set(settings.RANGES) == numeric
@@ -139,8 +142,8 @@ def test_every_numeric_setting_has_a_range():
     ("--seed=-1", "--seed=-1 must be at least 0"),
 ])
 def test_train_refuses_numbers_out_of_range(tmp_path, arg, said):
+    from gptlib.errors import UserError
     import train_gpt2
-    from errors import UserError
     with pytest.raises(UserError) as e:
         train_gpt2.main(["--device=cpu", f"--log_dir={tmp_path / 'log'}", arg])
     assert str(e.value) == said
@@ -160,8 +163,8 @@ def test_train_refuses_numbers_out_of_range(tmp_path, arg, said):
 ])
 def test_entry_points_refuse_numbers_out_of_range(monkeypatch, module, argv, said):
     """Each entry point's numeric options are checked at start, before any model or data is read."""
+    from gptlib.errors import UserError
     import importlib
-    from errors import UserError
     main = getattr(importlib.import_module(module), "cli" if module == "fineweb" else "main")
     monkeypatch.setattr(sys, "argv", [f"{module}.py", *argv])
     with pytest.raises(UserError) as e:
@@ -184,7 +187,7 @@ def test_every_entry_point_ends_through_one_guard(monkeypatch, capsys):
     process that may hold a process group ends through exit_process, waiting for the others only after a
     success. Every entry point's __main__ is that one call."""
     import ast
-    from errors import UserError, main_guard
+    from gptlib.errors import UserError, main_guard
     ended = []
 
     def exit_process(status, wait):
@@ -201,7 +204,7 @@ def test_every_entry_point_ends_through_one_guard(monkeypatch, capsys):
                 main_guard(main, exit)
             assert e.value.code == status and capsys.readouterr().err == said
     assert ended == [(3, True), (0, True), (1, False), (1, False)]
-    from errors import RankError
+    from gptlib.errors import RankError
 
     def out_of_memory():  # one rank's GPU: that rank says it, whatever its LOCAL_RANK
         raise RankError("out of memory at B=64")
@@ -232,12 +235,13 @@ def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monk
     same ids, and its GPT2LMHeadModel continues a prompt as our greedy generate does."""
     transformers = pytest.importorskip("transformers")
     import torch
+
     import checkpoint
     from conftest import DOCS, save_model
-    from engine import Engine
-    from errors import UserError
+    from gptlib.engine import Engine
+    from gptlib.errors import UserError
+    from gptlib.tokenizer import byte_chars, get_encoding
     from model import GPT, GPTConfig
-    from tokenizer import byte_chars, get_encoding
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
     ckpt = save_model(model, tmp_path / "model_000005.pt", step=5)

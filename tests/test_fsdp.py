@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from checkpoint import checkpoints
 from conftest import (ENV, ROOT, SCRIPT, TINY, final_weights, hellaswag_example, loss_steps, losses, records,
                       run_args, write_jsonl)
+from gptlib.checkpoint import checkpoints
 
 pytestmark = pytest.mark.slow  # every test here starts processes or compiles
 

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.slow  # every test here starts processes or compiles
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECK = r"""
-import torch, fused_softmax
+import torch
+from gptlib import fused_softmax
 torch.manual_seed(0)
 cases = [torch.randn(1, 1), torch.randn(3, 7), torch.randn(17, 1000) * 30, torch.randn(2, 5000),
          torch.randn(4, 64)[:, :50],  # strided rows

@@ -3,8 +3,7 @@ output and each check's detail). Skipped without CUDA; test_bench.py runs the pa
 import pytest
 import torch
 
-import gpu_check
-import runtime
+from gptlib import gpu_check, runtime
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

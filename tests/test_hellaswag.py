@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
-import hellaswag
-import packing
-from errors import UserError
 from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
 from conftest import hellaswag_example as example
+from gptlib import packing
+from gptlib.errors import UserError
+from gptlib.runtime import Runtime
+from gptlib.tokenizer import get_encoding
+import hellaswag
 from model import GPT, GPTConfig, Packing
-from runtime import Runtime
-from tokenizer import get_encoding
 
 SHARED = os.path.join(ROOT, "..", "shared", "data", "hellaswag_val.jsonl")
 

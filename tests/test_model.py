@@ -9,14 +9,14 @@ import pytest
 import safetensors.torch
 import torch
 
-from accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
 from conftest import ROOT, assert_one_line_error, build, script, tiny, trained_modern
-import hf_gpt2
+from gptlib import hf_gpt2
+from gptlib.accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
+from gptlib.engine import Engine
+from gptlib.errors import UserError
+from gptlib.optimizers import make_optimizers, role_peaks
 import model
-from engine import Engine
 from model import GPT, GPT2_VOCAB, GPTConfig, Packing
-from errors import UserError
-from optimizers import make_optimizers, role_peaks
 
 
 # ---------------------------------------------------------------------------------------------- architecture
@@ -102,7 +102,7 @@ def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
     """optimizers.Muon against torch.optim.Muon(adjust_lr_fn="original") as the reference, over 3 steps: a
     plain matrix gets torch's update bit for bit; the fused c_attn (Q, K, V rows, here with 2 K/V heads of
     4) gets what torch's Muon gives three separate matrices holding those rows."""
-    from optimizers import Muon
+    from gptlib.optimizers import Muon
     torch.manual_seed(0)
     C, kv = 32, 16
     fused = torch.nn.Parameter(torch.randn(C + 2 * kv, C))
@@ -125,7 +125,7 @@ def test_muon_is_torchs_muon_with_q_k_v_as_three_matrices():
 def test_muon_gives_q_k_and_v_each_a_whole_orthogonal_step():
     """With c_attn orthogonalized as one matrix, Q's and K's parts of the update had singular values of
     ~0.07 x lr (V took most of the step); as three matrices each part's are ~lr, like attn.c_proj's."""
-    from optimizers import Muon, qkv_splits
+    from gptlib.optimizers import Muon, qkv_splits
     torch.manual_seed(0)
     m = GPT(tiny(n_embd=64, n_head=4))
     x = torch.randint(0, 512, (4, 32))
@@ -386,7 +386,7 @@ def test_import_export_need_no_transformers(tmp_path):
     block = tmp_path / "block" / "transformers"
     block.mkdir(parents=True)
     (block / "__init__.py").write_text("raise ImportError('transformers is blocked in this test')\n")
-    code = ("import torch, hf_gpt2; from model import GPT, GPTConfig; torch.manual_seed(0)\nm = "
+    code = ("import torch; from gptlib import hf_gpt2; from model import GPT, GPTConfig; torch.manual_seed(0)\nm = "
             "GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, "
             f"n_embd=32)).eval()\nhf_gpt2.save_pretrained(m, {str(tmp_path / 'out')!r}); b = "
             f"hf_gpt2.from_pretrained({str(tmp_path / 'out')!r})\nx = torch.randint(0, 50257, (1, 16))\n"
@@ -551,8 +551,7 @@ def test_the_micro_batch_fits_the_step_that_runs(gb, compiled, B):
     """settings.fit plans B with the estimate of the step that runs: GPT-2 124M's compiled step (28.8 GiB
     at B=64; one H100 measured 26.55 and 28.95 GiB) keeps B=64 on a 40 GB card (an A100) and takes 32, the
     largest that fits, on a 24 GB one; compile=False's eager step (53.4 GiB) takes 32 and 16 there."""
-    import runtime
-    import settings
+    from gptlib import runtime, settings
     import train_gpt2
     s = train_gpt2.Settings(device="cuda", dtype="bf16", compile=compiled)
     rt = runtime.Runtime(kind="cuda", dtype="bf16", device="cuda:0", memory=gb * 10**9)
@@ -605,7 +604,7 @@ def test_sequence_too_long():
 # ----------------------------------------------------------------------------------------- devices, precision
 
 def test_pick_device_and_dtype(monkeypatch):
-    from runtime import autocast, pick_device, resolve_dtype
+    from gptlib.runtime import autocast, pick_device, resolve_dtype
     gpus = {"cuda": False, "mps": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus["cuda"])
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: gpus["mps"])
@@ -630,7 +629,7 @@ def test_pick_device_and_dtype(monkeypatch):
         resolve_dtype("half", "cpu")
     with autocast("cpu", "fp16"):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
-    import runtime  # fp16 on a CPU runs, slower than fp32: a NOTE says so (bf16 and fp32 need none)
+    from gptlib import runtime  # fp16 on a CPU runs, slower than fp32: a NOTE says so (bf16 and fp32 need none)
     assert [n for n in runtime.setup("cpu", "fp16").notes if n.startswith("dtype=fp16 on a CPU")]
     assert not [n for n in runtime.setup("cpu", "fp32").notes if n.startswith("dtype")]
     with autocast("cpu", "bf16"):
@@ -645,7 +644,7 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     given and the patient one with 30 minutes, then set_device, and only then dtype=auto from the capability
     of the rank's own GPU, never GPU 0's; the smallest GPU memory of the ranks. An explicit bf16 on a GPU
     without bf16 tensor cores runs as asked, with a NOTE naming --dtype=auto."""
-    import runtime
+    from gptlib import runtime
     calls, groups = [], []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
     monkeypatch.setattr(torch.cuda, "get_device_capability",

@@ -5,14 +5,14 @@ import sys
 import pytest
 import torch
 
+from conftest import assert_one_line_error, save_model, script
+from gptlib.engine import Engine
+from gptlib.errors import UserError
+from gptlib.runtime import Runtime
+from gptlib.tokenizer import get_encoding
+from model import GPT, GPTConfig
 import plot
 import sample
-from errors import UserError
-from conftest import assert_one_line_error, save_model, script
-from engine import Engine
-from model import GPT, GPTConfig
-from runtime import Runtime
-from tokenizer import get_encoding
 
 
 @pytest.fixture(scope="module")

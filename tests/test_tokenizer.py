@@ -5,9 +5,9 @@ import shutil
 import pytest
 import tiktoken
 
-from errors import UserError
+from gptlib.errors import UserError
 
-import tokenizer
+from gptlib import tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EDGE_CASES = [

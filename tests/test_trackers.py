@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-import train_gpt2
-from checkpoint import checkpoints
 from conftest import TINY, records
-from errors import UserError
+from gptlib.checkpoint import checkpoints
+from gptlib.errors import UserError
+import train_gpt2
 
 
 def wandb_records(run_dir):

@@ -12,14 +12,13 @@ import time
 import pytest
 import torch
 
-import checkpoint
-import settings
-import train_gpt2
-from optimizers import get_lr
-from checkpoint import checkpoints
-from errors import UserError
 from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
                       losses, records, run_args, train)
+from gptlib import checkpoint, settings
+from gptlib.checkpoint import checkpoints
+from gptlib.errors import UserError
+from gptlib.optimizers import get_lr
+import train_gpt2
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -316,7 +315,7 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     same number of tokens whatever the number of processes (B is lowered to keep it whole), so a resume may
     change B or the number of processes. Under torchrun, missing shards are a mistake, not a demo."""
     from dataloader import DataLoaderLite
-    from runtime import Runtime
+    from gptlib.runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
     rt = Runtime(world_size=world_size, kind="cuda" if use_cuda else "cpu")
     cfg, notes = settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
@@ -340,8 +339,8 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
 
 
 def test_size_and_recipe_presets():
+    from gptlib.runtime import Runtime
     from model import GPTConfig
-    from runtime import Runtime
     cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
                                             {"size": "350M", "n_layer": 4})
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
@@ -364,7 +363,7 @@ def test_size_and_recipe_presets():
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
     with pytest.raises(UserError, match="--recipe='new': use gpt2"):
         settings.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
-    from accounting import count_params  # the presets are GPT-2's sizes
+    from gptlib.accounting import count_params  # the presets are GPT-2's sizes
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
                     "1558M": 1_557_611_200}.items():
         p = settings.SIZES[size]
@@ -444,7 +443,7 @@ def test_an_older_torch_is_a_note_and_fsdp_on_it_one_line(tmp_path, monkeypatch,
     with a NOTE saying so, and --fsdp=True is refused in one line naming the version: 2.6's FSDP2 fails on
     the CPU, and 2.7's and 2.8's sum the gradients over gloo instead of averaging them. A build of 2.9 itself
     (NVIDIA's containers name it 2.9.0a0+git...) is 2.9."""
-    from runtime import MIN_TORCH, torch_older_than
+    from gptlib.runtime import MIN_TORCH, torch_older_than
     assert MIN_TORCH == (2, 9)
     monkeypatch.setattr(torch, "__version__", "2.9.0a0+50eac811a6")
     assert not torch_older_than(MIN_TORCH)
@@ -472,8 +471,8 @@ def test_micro_batch_is_fitted_to_the_gpus_memory(tmp_path, monkeypatch, capsys,
     """Before compiling, B is checked against the GPU's memory (here a fake 'GPU' whose memory holds B=4 but
     not B=8 by the estimate): a B from the settings is lowered to the largest that fits and keeps
     total_batch_size whole, with a NOTE; a B given on the command line is kept, with a warning."""
-    import runtime
-    from accounting import training_memory
+    from gptlib import runtime
+    from gptlib.accounting import training_memory
     from model import GPTConfig
     config = GPTConfig(block_size=1024, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
     need = {b: training_memory(config, b, 32, "fp32")["total"] for b in (4, 8)}
@@ -506,7 +505,7 @@ def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, tex
             raise RuntimeError("backend compiler failed") from e
         raise e
     monkeypatch.setattr(model.GPT, "forward", out_of_memory)
-    from errors import RankError
+    from gptlib.errors import RankError
     with pytest.raises(RankError) as e:  # one GPU may run out alone: that rank says it (errors.main_guard)
         train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=2", f"--log_dir={tmp_path}"])
     msg = str(e.value)
@@ -623,7 +622,7 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
 def test_compile_is_not_used_on_an_apple_gpu(text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
-    from runtime import Runtime
+    from gptlib.runtime import Runtime
     s, _, notes = settings.combine(train_gpt2.Settings, {"compile": True, "data_root": text},
                                    Runtime(kind="mps", device="mps"))
     assert s.compile is False
@@ -650,7 +649,7 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     with pytest.raises(UserError, match=f"--n_layer=3, but {weights} has n_layer=2: the weights decide"):
         train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
     torch.manual_seed(0)
-    import hf_gpt2
+    from gptlib import hf_gpt2
     hf_gpt2.save_pretrained(GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)),
                             tmp_path / "hf")
     with pytest.raises(UserError, match=f"T=128, but {tmp_path / 'hf'} has 64 positions \\(block_size\\): "
@@ -678,7 +677,7 @@ def test_extending_a_finished_run_says_where_the_learning_rate_goes(tmp_path, ca
 def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     """total_batch_size that the settings block's B does not divide: B is lowered to the largest that does,
     with a NOTE naming both (before, an error named a B the user never set)."""
-    from runtime import Runtime
+    from gptlib.runtime import Runtime
     cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
     cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
                                           Runtime(kind="cuda"))
@@ -771,7 +770,7 @@ def test_rank_without_local_rank(monkeypatch):
     node's first; RANK without WORLD_SIZE is one line."""
     import socket
     import torch.distributed as dist
-    import runtime
+    from gptlib import runtime
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -796,8 +795,8 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
     A second holder is still refused."""
     import errno
     import fcntl
+    from gptlib import runlog
     import re
-    import runlog
 
     def no_flock(fd, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")
@@ -806,7 +805,7 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
         assert runlog.lock(str(tmp_path / "log"), create=True) is None
     with open(os.path.join(ROOT, "requirements.txt")) as f:
         assert re.search(r"^filelock>=4\.1", f.read(), re.M)  # 4.0.x: the second holder gets it too
-    other = subprocess.run([sys.executable, "-c", "import errno, fcntl, sys, runlog\n"
+    other = subprocess.run([sys.executable, "-c", "import errno, fcntl, sys\nfrom gptlib import runlog\n"
                             "def no_flock(fd, op): raise OSError(errno.ENOSYS, 'no flock')\n"
                             "fcntl.flock = no_flock\n"
                             f"print(runlog.lock({str(tmp_path / 'log')!r}, create=True))"],

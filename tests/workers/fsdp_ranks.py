@@ -4,10 +4,10 @@ alone: rank 0's checkpoint write on a full disk (under FSDP: checkpoint.save_run
 runtime.together. tests/test_fsdp.py."""
 import errno, json, os, sys, time, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-import checkpoint, runtime
-from accounting import training_memory
+from gptlib import checkpoint, runtime
+from gptlib.accounting import training_memory
 from model import GPT, GPTConfig
-from optimizers import ROLES, make_optimizers
+from gptlib.optimizers import ROLES, make_optimizers
 rt = runtime.setup("cpu", "fp32", timeout=60)
 torch.manual_seed(0)
 config = GPTConfig(block_size=64, vocab_size=50304, n_layer=3, n_head=2, n_embd=48)

@@ -4,7 +4,8 @@ tests/test_compile.py under torchrun (2 gloo ranks); rank 0 prints RESULT and a 
 import collections, json
 import torch
 from torch.profiler import profile
-import runtime, train_gpt2
+import train_gpt2
+from gptlib import runtime
 from model import GPT, GPTConfig
 COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::embedding", "aten::layer_norm",
            "aten::native_layer_norm", "aten::gelu", "aten::_scaled_dot_product", "aten::log_softmax",

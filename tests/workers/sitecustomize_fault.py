@@ -12,13 +12,11 @@ if FAULT and os.environ.get("RANK") == "1":
     sys.path.insert(0, os.environ["FAULT_ROOT"])  # the script's folder is not on the path yet
     import torch
 
-    import checkpoint
     import dataloader
-    import engine
+    from gptlib import checkpoint, engine, packing
+    from gptlib.errors import UserError
     import hellaswag
     import model
-    import packing
-    from errors import UserError
 
     bug = FAULT.startswith("bug:")
     phase, _, nth = FAULT.removeprefix("bug:").partition(":")

@@ -23,12 +23,12 @@ import xml.etree.ElementTree as ET
 
 import torch
 
-from checkpoint import checkpoints
-from errors import UserError
-from runlog import metrics_path, nearest_existing, read_log
-from runtime import device_name, git_state
+from gptlib.checkpoint import checkpoints
+from gptlib.errors import UserError
+from gptlib.runlog import metrics_path, nearest_existing, read_log
+from gptlib.runtime import device_name, git_state
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: gptlib/..
 
 
 def sections(out, cuda, device, hellaswag_data, peer=None):

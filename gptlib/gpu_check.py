@@ -13,12 +13,12 @@ import sys
 
 import torch
 
-from engine import Engine
+from gptlib.engine import Engine
+from gptlib.runlog import metrics_path, read_log
+from gptlib.runtime import autocast, synchronize
 from model import GPT, GPTConfig
-from runlog import metrics_path, read_log
-from runtime import autocast, synchronize
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: gptlib/..
 CHECK_MODEL = ["--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=128"]
 
 
@@ -71,7 +71,7 @@ def check_softmax():
     from torch.profiler import ProfilerActivity, profile
     if os.environ.get("TRITON_INTERPRET") == "1":
         return False, "TRITON_INTERPRET=1 is set, so Triton would interpret the kernel: unset it"
-    import fused_softmax
+    from gptlib import fused_softmax
     errors, ran = [], False
     for rows, cols, dtype, tol in ((4096, 1024, torch.float32, 1e-6), (256, 50304, torch.float32, 1e-6),
                                    (4096, 1024, torch.bfloat16, 1e-2)):

@@ -8,10 +8,10 @@ import os
 
 import torch
 
-from errors import UserError, first_line
+from gptlib.errors import UserError, first_line
+from gptlib.runtime import hub_online
+from gptlib.tokenizer import hf_tokenizer_files
 from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
-from runtime import hub_online
-from tokenizer import hf_tokenizer_files
 
 OPENAI = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}  # name: size
 PRETRAINED = {name: f"openai-community/{name}" for name in OPENAI}  # Hub ids

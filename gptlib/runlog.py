@@ -8,10 +8,10 @@ import os
 import socket
 import time
 
-import runtime
-from errors import UserError
-from runtime import stop_everywhere
-from trackers import open_trackers
+from gptlib import runtime
+from gptlib.errors import UserError
+from gptlib.runtime import stop_everywhere
+from gptlib.trackers import open_trackers
 
 
 # ------------------------------------------------------------------------------------------------ log_dir

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from errors import UserError
+from gptlib.errors import UserError
 
 DOCUMENT_FILES = (".jsonl", ".parquet", ".txt")  # what fineweb.py --input tokenizes and data_root reads
 
@@ -74,7 +74,7 @@ def iter_file(path, text_field="text"):
 def tokenize_file(path):
     """A document file's tokens as fineweb.py writes them: each document <|endoftext|> then its GPT-2 tokens
     (in memory, uint16, read-only)."""
-    from tokenizer import get_encoding
+    from gptlib.tokenizer import get_encoding
     enc = get_encoding()
     tokens, texts = [], 0
     for text in iter_file(path):

@@ -12,7 +12,7 @@ import os
 
 import tiktoken
 
-from errors import UserError
+from gptlib.errors import UserError
 
 RANKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2.tiktoken")
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

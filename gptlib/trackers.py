@@ -12,7 +12,7 @@ import json
 import os
 import uuid
 
-from errors import UserError, first_line
+from gptlib.errors import UserError, first_line
 
 TRACKERS = ("tensorboard", "wandb")
 

@@ -18,7 +18,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-from errors import PeerFailed, UserError, find_cause, first_line
+from gptlib.errors import PeerFailed, UserError, find_cause, first_line
 
 
 MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.txt)

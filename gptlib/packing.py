@@ -15,8 +15,8 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
+from gptlib.runtime import autocast, sharded, together
 from model import Packing
-from runtime import autocast, sharded, together
 
 BUCKET = 8  # rows are padded to a multiple of 8 tokens
 SHAPES = 8  # and to at most 8 lengths: few compiled kernels and attention plans (torch.compile turns the

@@ -15,14 +15,14 @@ import os
 
 import torch
 
-import runtime
-from accounting import count_params, training_memory
-from checkpoint import MODEL, resume_settings, space_note
 from dataloader import missing_data_root, split_rows
-from errors import UserError, check_range, valid_range
+from gptlib import runtime
+from gptlib.accounting import count_params, training_memory
+from gptlib.checkpoint import MODEL, resume_settings, space_note
+from gptlib.errors import UserError, check_range, valid_range
+from gptlib.runtime import print0
+from gptlib.trackers import TRACKERS
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
-from runtime import print0
-from trackers import TRACKERS
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
 # nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
@@ -32,7 +32,8 @@ PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's
 SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
          for name, shape in GPT2_SIZES.items()}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
-SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "input.txt")
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
     total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
     checkpoint_interval=300)

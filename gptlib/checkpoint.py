@@ -1,0 +1,454 @@
+"""Checkpoints: written atomically with a checksum inside, verified before use, and the resume of a run from
+them (checkpoint.py at the top level is their command: verify one, export it for transformers).
+
+train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
+"world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"}; sample.py and hellaswag.py read the same
+file (load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
+altered file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
+by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
+"""
+import dataclasses
+import errno
+import glob
+import hashlib
+import math
+import os
+import re
+import shutil
+
+import torch
+
+from gptlib import hf_gpt2
+from gptlib.errors import UserError, find_cause, first_line
+from gptlib.optimizers import get_lr
+from gptlib.runlog import evaluated, metrics_path, nearest_existing
+from gptlib.runtime import broadcast_object, print0, sharded, together
+from model import GPT, GPTConfig
+
+# the settings that a model's weights decide
+MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
+# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
+# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
+# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
+SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
+STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
+FIXED = SHAPE + STREAM + ("optimizer",)
+# What the machine and the launch decide, not the run: a resume takes them from this start-up (B:
+# settings.fit, the GPU's memory). Every other setting a resume keeps from the run unless the command line
+# names it.
+MACHINE = ("device", "dtype", "compile", "B", "eval_B", "fsdp", "grad_checkpoint", "log_dir", "init_from",
+           "eval_only", "collective_timeout", "tracker", "hellaswag_data", "core_bundle")
+# what a checkpoint written before a setting existed ran with
+BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
+# GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
+# the model computes (chunked_loss: removed after one H100's A/B, 2026-11-26, measured it 0.923x)
+RETIRED = ("chunked_loss",)
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, damaged or not a train_gpt2.py checkpoint; the message is one line."""
+
+
+def checksum(obj):
+    """sha256 (hex) of a checkpoint's contents: nested dicts / lists of tensors and plain values."""
+    h = hashlib.sha256()
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"tensor {x.dtype} {tuple(x.shape)}:".encode())
+            h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+        elif isinstance(x, dict):
+            h.update(f"dict {len(x)}:".encode())
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            h.update(f"{type(x).__name__} {len(x)}:".encode())
+            for v in x:
+                walk(v)
+        else:
+            h.update(f"{type(x).__name__} {x!r};".encode())
+    walk(obj)
+    return h.hexdigest()
+
+
+def checkpoints(log_dir):
+    """The checkpoint files in log_dir, oldest first by step, not by name (model_1000000.pt is newer than
+    model_999999.pt); written as .tmp and renamed when whole."""
+    steps = {p: re.fullmatch(r"model_(\d+)\.pt", os.path.basename(p))
+             for p in glob.glob(os.path.join(log_dir, "model_*.pt"))}
+    return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
+
+
+def remove_stale_writes(log_dir):
+    """Rank 0, holding log_dir's lock: a checkpoint write that a second signal or Slurm's SIGKILL cut short
+    left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Returns what was removed."""
+    stale = sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp")))
+    for path in stale:
+        os.remove(path)
+    return [os.path.basename(p) for p in stale]
+
+
+def save_checkpoint(state, path):
+    """torch.save state plus its checksum to path, atomically: a crash mid-write leaves no file under path. A
+    write that fails (a full disk, a folder gone read-only) removes the partial file and is a UserError naming
+    the path, the error and, for a full disk, the room the checkpoint needs."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "checksum": checksum(state)}, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the name says "complete"
+        os.replace(tmp, path)
+    except Exception as e:
+        cause = find_cause(e, lambda x: isinstance(x, OSError))  # inside torch's "unexpected pos"
+        if cause is None:
+            raise
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        need = (f"; it needs {size(nbytes(state))}, {size(free_space(path))} are free there"
+                if cause.errno == errno.ENOSPC else "")
+        raise UserError(f"could not write checkpoint {path} ({cause.strerror}{need}); the earlier "
+                        "checkpoints are untouched: make room there (or make it writable) and rerun the same "
+                        "command, which resumes from the newest one") from None
+
+
+def nbytes(obj):
+    """The bytes of the tensors in a nested dict / list: about a checkpoint's size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
+def space_note(log_dir, n_params):
+    """A NOTE when the disk of log_dir holds less than two checkpoints (weights and AdamW's two moments,
+    fp32): one that does not fit stops the run, but better known at the start."""
+    need, free = 12 * n_params, free_space(log_dir)
+    if free >= 2 * need:
+        return []
+    return [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints of about {size(need)}: "
+            "make room, or choose another --log_dir"]
+
+
+def size(n):
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def free_space(path):
+    """Free bytes on the disk that holds path (or, while it does not exist, its nearest existing parent)."""
+    return shutil.disk_usage(nearest_existing(path)).free
+
+
+def load_checkpoint(path):
+    """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
+        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e)})") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "checksum"} <= set(ckpt):
+        raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model', 'model_config' or "
+                              f"'checksum' entries)")
+    if checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != ckpt["checksum"]:
+        raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum")
+    ckpt["model_config"] = current(ckpt["model_config"])
+    return ckpt
+
+
+def current(config):
+    """A checkpoint's model_config (a dict) without the RETIRED fields: GPTConfig(**current(config))."""
+    return {k: v for k, v in config.items() if k not in RETIRED}
+
+
+def newest_valid(log_dir, note=print):
+    """(path, contents) of the newest checkpoint in log_dir that verifies. The damaged ones newer than it are
+    named through note() in one line each and renamed to *.damaged (kept for a person to inspect, no longer
+    counted among the checkpoints the run keeps); CheckpointError if none verifies (nothing renamed)."""
+    found, damaged = checkpoints(log_dir), []
+    for path in reversed(found):
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError as e:
+            note(f"NOTE: {e}: skipped")
+            damaged.append(path)
+            continue
+        for bad in damaged:
+            os.replace(bad, bad + ".damaged")
+            note(f"NOTE: moved {bad} aside to {os.path.basename(bad)}.damaged")
+        return path, ckpt
+    raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above): restore "
+                          "one, or start afresh with --log_dir=NEW")
+
+
+def load_model(spec):
+    """A GPT from a train_gpt2.py checkpoint (.pt, verified against its checksum), an HF GPT-2 folder, or an
+    OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
+    if spec.endswith(".pt"):
+        ckpt = load_checkpoint(spec)
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model
+    return hf_gpt2.from_pretrained(spec)
+
+
+def model_config(spec):
+    """The GPTConfig (a dict) of load_model(spec), read without loading or verifying the weights: a
+    checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape."""
+    if not spec.endswith(".pt"):
+        return dataclasses.asdict(hf_gpt2.pretrained_config(spec))
+    if not os.path.isfile(spec):
+        raise CheckpointError(f"checkpoint {spec} does not exist")
+    try:  # memory-mapped: only the config is read
+        config = torch.load(spec, map_location="cpu", weights_only=True, mmap=True)["model_config"]
+    except Exception as e:  # a truncated zip, a file of another kind, no model_config
+        raise CheckpointError(f"{spec} is not a readable train_gpt2.py checkpoint ({first_line(e)})") \
+            from None
+    return dataclasses.asdict(GPTConfig(**current(config)))
+
+
+# ---------------------------------------------------------------------------------------------- training runs
+
+def gather_state(model, optimizers):
+    """(model state, optimizer state): full, on the CPU, on rank 0 ({} on the others); the optimizer's state
+    keyed by parameter name (one dict for a list of optimizers). Under FSDP every rank must call it (it
+    all-gathers the shards)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    # gathered, the tied matrix comes back twice: store it once, as unsharded (an untied lm_head is its own)
+    if "lm_head.weight" in model_state and not model.config.untied_head:
+        model_state["lm_head.weight"] = model_state["transformer.wte.weight"]
+    return model_state, get_optimizer_state_dict(model, optimizers, options=options)
+
+
+def load_state(model, optimizers, ckpt, distributed):
+    """Load a checkpoint's model and optimizer states into this rank's (possibly sharded) model and optimizer.
+    The optimizers keep their own hyperparameters (this run's settings and kernel choice: a CPU run's
+    checkpoint must not make a GPU's AdamW unfused); the checkpoint gives their state. Distributed, only rank
+    0 passes ckpt (the others pass None) and every rank must call it: rank 0 broadcasts."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    model_state, optim_state = (ckpt["model"], ckpt["optimizer"]) if ckpt is not None else ({}, {})
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    set_model_state_dict(model, model_state, options=options)
+    mine = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
+    set_optimizer_state_dict(model, optimizers, optim_state, options=options)
+    for opt, groups in zip(optimizers, mine):
+        for group, own in zip(opt.param_groups, groups):
+            group.update(own)
+            for p in group["params"] if own.get("fused") or own.get("capturable") else []:  # where read
+                state = opt.state.get(p, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(p.device, torch.float32)
+
+
+def save_run(log_dir, model, optimizers, meta, rt, keep):
+    """Every rank: write a training run's state after step meta["step"] as log_dir/model_<step>.pt (rank 0
+    writes; under FSDP all ranks gather) and delete all but the newest `keep`. It holds the weights, the
+    optimizer states and the RNG, with meta: what else the run needs to continue (train_gpt2.py's
+    save(): settings, loader position, loss scale, clock). Returns its name for messages. A failure on any
+    rank (a write that fails, a gather that runs out of memory) stops every rank here (together), but for a
+    failure inside FSDP's gathers, which are collective and cannot be agreed on (runtime.together)."""
+    name = f"model_{meta['step']:06d}.pt"
+    # FSDP's gathers are collectives: a rank that fails inside one cannot agree, so they come first, unguarded
+    state = gather_state(model, optimizers) if sharded(model) else None
+    with together(rt, rt.patient):  # the others wait here for the write; any rank's failure is agreed
+        model_state, optimizer_state = state or gather_state(model, optimizers)  # DDP's: each rank's own
+        if rt.master:
+            path = os.path.join(log_dir, name)
+            cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
+            save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),
+                             "optimizer": optimizer_state, **meta,
+                             "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng}}, path)
+            for old in checkpoints(log_dir)[:-keep]:
+                os.remove(old)
+            print0(f"checkpoint: {path}")
+    return f"{name} (step {meta['step']})"
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+class Resume:
+    """The run in log_dir to continue (continue_run decides whether and how). meta: what every rank
+    needs of its newest checkpoint that verifies (read_newest); the weights and optimizer states stay on
+    rank 0 (ckpt) until restore() broadcasts them. finished: nothing left to train or evaluate; unevaluated:
+    its checkpoint was written, its evaluation failed."""
+
+    def __init__(self, meta, ckpt, finished=False, unevaluated=False):
+        self.meta, self.ckpt, self.finished, self.unevaluated = meta, ckpt, finished, unevaluated
+        self.step, self.path, self.model_config = meta["step"], meta["path"], meta["model_config"]
+
+    def restore(self, model, optimizers, scaler, loader, rt):
+        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
+        roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
+        if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
+            raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
+                            f"{self.meta['roles']}, this code's {roles}): continue it with the code that "
+                            f"wrote it, or start from its weights with a fresh optimizer: "
+                            f"--init_from={self.path} --log_dir=NEW")
+        load_state(model, optimizers, self.ckpt, rt.distributed)
+        if scaler.is_enabled() and self.meta["scaler"]:  # fp16: continue with the loss scale it had reached
+            scaler.load_state_dict(self.meta["scaler"])
+        elif scaler.is_enabled():  # a bf16 or fp32 run resumed in fp16 (another GPU): no scale to continue
+            print0(f"NOTE: {os.path.basename(self.path)} was written by a run without fp16 loss scaling: "
+                   f"the loss scale starts at {scaler.get_scale():g} (--loss_scale)")
+        torch.set_rng_state(self.meta["rng"]["cpu"])
+        if rt.kind == "cuda" and self.meta["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(self.meta["rng"]["cuda"])
+        loader.load_state_dict(self.meta["dataloader"])  # a UserError if the shards changed since
+        self.ckpt = None  # its tensors are copied into the model and optimizer
+        return self.step
+
+
+def continue_run(s, given, rt):
+    """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
+    built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
+    command again continues it, a fine-tune too): unless --init_from=scratch was given, or init_from names
+    other weights than those the run started from (both refused: they would start a second run whose
+    checkpoints rotation mixes with the first's). The settings keep the run's origin in init_from. Rank 0
+    reads the newest checkpoint that verifies and shares the verdict; a finished run, or a change of a FIXED
+    setting, ends the run. A run from weights (a fine-tune, a resume) has their shape."""
+    existing = checkpoints(s.log_dir)
+    if s.eval_only and existing:
+        raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
+    if s.init_from == "scratch" and existing and "init_from" in given:
+        raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
+                        "or choose another --log_dir")
+    if not existing:
+        if s.init_from == "resume":
+            raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
+        if s.init_from != "scratch":  # the weights decide the shape; T within their positions
+            s = weights_shape(s, given, model_config(s.init_from), s.init_from)
+        return s, None
+    meta, ckpt = read_newest(s.log_dir, rt)
+    origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
+    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
+        raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
+                        f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
+    s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
+    if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
+        s = weights_shape(s, given, meta["model_config"], s.init_from)
+    s, kept = keep_run_settings(meta["config"], s, given)
+    if kept:
+        print0(f"NOTE: {kept}")
+    s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
+    finished = meta["step"] >= s.max_steps
+    # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
+    unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
+    if finished and not unevaluated:
+        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
+               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        return s, Resume(meta, None, finished=True)
+    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
+           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
+    resume = Resume(meta, ckpt, unevaluated=unevaluated)
+    if note := schedule_change(s, resume):
+        print0(f"NOTE: {note}")
+    return s, resume
+
+
+def keep_run_settings(saved, s, given):
+    """(settings, note or None): a resume keeps the run's own settings (saved: its checkpoint's) where the
+    command line (given) names none, so that extending a fine-tune with --max_steps alone keeps its
+    --max_lr; the same command still resumes the same run. Not the MACHINE's settings, and not the FIXED
+    ones, which must match (resume_settings refuses a change). The note names what the settings block or
+    this start-up's fallbacks would have set instead."""
+    saved = {**BEFORE, **saved}
+    kept = {k: saved[k] for k, v in dataclasses.asdict(s).items()
+            if k in saved and k not in MACHINE + FIXED and k not in given and saved[k] != v}
+    if not kept:
+        return s, None
+    note = ("kept the run's " + ", ".join(f"{k}={v!r} (this command alone: {getattr(s, k)!r})"
+                                          for k, v in kept.items())
+            + ": a resume changes only what its command line names (--NAME=VALUE)")
+    return dataclasses.replace(s, **kept), note
+
+
+def resume_settings(saved, s, saved_world, world_size, log_dir):
+    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
+    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
+    are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
+    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
+    if same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
+        now["data_root"] = saved["data_root"]
+    fixed = [k for k in FIXED if saved[k] != now[k]]
+    if fixed:
+        raise UserError(f"the run in {log_dir} has "
+                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
+                        + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
+                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
+                        "new one with --log_dir=NEW")
+    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}" for k, v in now.items()
+             if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
+    if saved_world != world_size:
+        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
+    return s, notes
+
+
+def same_path(a, b):
+    """Whether two spellings of a path name the same file or folder (./x and x; a link and its target)."""
+    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
+
+
+def weights_shape(s, given, config, origin):
+    """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
+    place of the settings block's: what ran is what the log records. A shape setting given on the command line
+    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
+    differ = [k for k in MODEL if k in given and given[k] != config[k]]
+    if differ:
+        why = " (--recipe sets them)" if "recipe" in given else ""
+        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
+                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
+    if s.T > config["block_size"]:
+        raise UserError(f"T={s.T}, but {origin} has {config['block_size']} positions (block_size): use "
+                        f"--T={config['block_size']} or less")
+    return dataclasses.replace(s, **{k: config[k] for k in MODEL})
+
+
+def schedule_change(s, resume):
+    """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
+    min_lr_ratio or max_lr changed): what the next step's is on each."""
+    block = {f.name: f.default for f in dataclasses.fields(s)}  # for a setting the checkpoint predates
+    saved = {k: resume.meta["config"].get(k, block[k]) for k in ("max_lr", "min_lr_ratio", "warmup_steps",
+                                                                  "max_steps")}
+    changed = {k: v for k, v in saved.items() if v != getattr(s, k)}
+    if not changed:
+        return None
+    was, now = (get_lr(resume.step, settings.max_lr, settings) for settings in
+                (dataclasses.replace(s, **changed), s))
+    if math.isclose(was, now, rel_tol=0.01):
+        return None
+    return (f"the learning rate of step {resume.step + 1} is {now:.2e} on the new schedule, {was:.2e} on the "
+            f"run's ({', '.join(f'{k} {v} -> {getattr(s, k)}' for k, v in changed.items())}): "
+            + ("it jumps up, then decays to the new end" if now > was else "it drops"))
+
+
+def read_newest(log_dir, rt):
+    """(meta, ckpt) of the newest checkpoint in log_dir that verifies. Rank 0 reads and verifies it; meta,
+    what every rank needs to decide the resume (all but the weights and optimizer state, with its path, its
+    parameter groups' roles and whether metrics.jsonl holds its evaluation), is broadcast; ckpt, the whole
+    contents, stays on rank 0 (None on the others) until Resume.restore broadcasts the weights. None of them
+    verifies: a UserError on every rank."""
+    ckpt, meta = None, None
+    if rt.master:  # rank 0 reads and verifies; the others get the verdict, and the weights in restore()
+        try:
+            path, ckpt = newest_valid(log_dir, print0)
+            meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
+            meta["roles"] = [g.get("role") for g in ckpt.get("optimizer", {}).get("param_groups", [])]
+            meta["evaluated"] = evaluated(metrics_path(log_dir), meta["step"])
+        except CheckpointError as e:
+            meta = {"error": str(e)}
+    if rt.distributed:  # the others wait while rank 0 reads and verifies
+        meta = broadcast_object(meta, rt.patient)
+    if "error" in meta:
+        raise UserError(meta["error"])
+    return meta, ckpt
