@@ -109,16 +109,17 @@ def main(argv=None):
     returns the process's exit status."""
     # ------------------------------------ processes, device, settings, and the run in log_dir to continue
     given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
-    rt = runtime.setup(**settings.runtime_options(Settings, given))  # process group, this rank's GPU, dtype
-    s, given, notes = settings.resolve(Settings, given, rt)  # presets, fallbacks, every check
+    named, said = settings.run_command(Settings, given)  # a resume: the run's own flags, then these
+    rt = runtime.setup(**settings.runtime_options(Settings, named))  # process group, this rank's GPU, dtype
+    s, chosen, notes = settings.resolve(Settings, named, rt, said)  # presets, fallbacks, every check
     hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
-    s, resume = continue_run(s, given, rt)  # None, or the run in log_dir; the weights' shape
+    s, resume = continue_run(s, chosen, given, rt)  # None, or the run in log_dir; the weights' shape
     if resume is not None and resume.finished:  # and evaluated
         return 0
-    s, fitted = settings.fit(s, given, rt, resume)  # the micro-batch the GPU holds, the disk, the val split
+    s, fitted = settings.fit(s, chosen, given, rt, resume)  # the GPU's B, the disk, the val split; changes
 
     # ---------------------------------------------------------- model, data, optimizers, log: decided once
-    run = start_run(s, rt, resume, notes + fitted)
+    run = start_run(s, rt, resume, named, notes + fitted)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         with run.log:
             evaluate(run)
@@ -201,6 +202,7 @@ class Run:
     core: object  # CORE's core_eval.Prepared tasks (core=0: None)
     log: RunLog
     clock: Clock
+    flags: dict  # the --NAME=VALUE flags of the run's commands, merged: its checkpoints record them
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
     doing: str = "starting"  # what the loop is doing, for messages: "in step 5", "evaluating step 4"
@@ -211,9 +213,10 @@ class Run:
         return self.s.total_batch_size // (self.s.B * self.s.T * self.rt.world_size)
 
 
-def start_run(s, rt, resume, notes):
+def start_run(s, rt, resume, named, notes):
     """The Run: the model, data, optimizers and log, each decided once; the resumed run's state restored; its
-    first record written. notes: the settings' NOTEs, for that record."""
+    first record written. named: the flags that named the settings; notes: the settings' NOTEs, for that
+    record."""
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     model = build_model(s, resume).to(rt.device)
     train_loader, val_loader, examples, core = load_data(s, rt)
@@ -225,7 +228,7 @@ def start_run(s, rt, resume, notes):
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
-              RunLog(metrics_path(s.log_dir), rt), clock)
+              RunLog(metrics_path(s.log_dir), rt), clock, {k: v for k, v in named.items() if k != "log_dir"})
     if resume is not None:
         run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
         run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
@@ -332,7 +335,7 @@ def log_start(run, notes):
                f"process {mem / 2**30:.1f} GiB{sharded}")
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
              "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-             "fallbacks": notes, "time": time.time(),
+             "flags": run.flags, "fallbacks": notes, "time": time.time(),
              "run": runtime.run_info(rt, run.models.compiled, run.optimizers)}
     run.log.log([start])
     run.log.open_trackers(s.tracker, s.log_dir, start)
@@ -391,7 +394,7 @@ def save(run):
     """Every rank: the run's state after run.step in log_dir (checkpoint.save_run); its name for messages.
     The loader's position is the same on every rank."""
     s, rt = run.s, run.rt
-    meta = {"step": run.step, "config": dataclasses.asdict(s), "world_size": rt.world_size,
+    meta = {"step": run.step, "config": dataclasses.asdict(s), "flags": run.flags, "world_size": rt.world_size,
             "dataloader": run.train_loader.state_dict(), "scaler": run.scaler.state_dict(),
             "elapsed": run.clock.elapsed()}
     return save_run(s.log_dir, run.models.raw, run.optimizers, meta, rt, s.keep_checkpoints)

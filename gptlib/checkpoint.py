@@ -2,7 +2,7 @@
 them (checkpoint.py at the top level is their command: verify one, export it for transformers).
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
-"world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"}; sample.py and hellaswag.py read the same
+"flags", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"}; sample.py and hellaswag.py read the same
 file (load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
 altered file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
 by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
@@ -27,19 +27,13 @@ from model import GPT, GPTConfig
 
 # the settings that a model's weights decide
 MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd") + GPTConfig.MODERN
-# A resume continues the run in log_dir. These settings cannot change under it: the model's shape, the data
-# stream (B and the number of processes may change: the loader continues at the same row), and the optimizer.
-# Learning rates and weight decay may: the parameter groups are named by role, whatever their values.
-SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "recipe") + GPTConfig.MODERN
-STREAM = ("T", "total_batch_size", "data_root", "shuffle", "seed")
-FIXED = SHAPE + STREAM + ("optimizer",)
-# What the machine and the launch decide, not the run: a resume takes them from this start-up (B:
-# settings.fit, the GPU's memory). Every other setting a resume keeps from the run unless the command line
-# names it.
-MACHINE = ("device", "dtype", "compile", "B", "eval_B", "fsdp", "grad_checkpoint", "log_dir", "init_from",
-           "eval_only", "collective_timeout", "tracker", "hellaswag_data", "core_bundle")
-# what a checkpoint written before a setting existed ran with
-BEFORE = {"recipe": "gpt2", "embed_lr": 0.0, "head_lr": 0.0, **{name: False for name in GPTConfig.MODERN}}
+# What a resume cannot change: the model's shape, the data stream (B and the number of processes may change:
+# the loader continues at the same row) and the optimizer. Every other setting may (learning rates and weight
+# decay too: the parameter groups are named by role, whatever their values). Each with the value that
+# checkpoints written before the setting existed ran with (None: every checkpoint holds it).
+FIXED = {**{k: None for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "T",
+                              "total_batch_size", "data_root", "shuffle", "seed", "optimizer")},
+         "recipe": "gpt2", **{name: False for name in GPTConfig.MODERN}}
 # GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
 # the model computes (chunked_loss: removed after one H100's A/B, 2026-11-26, measured it 0.923x)
 RETIRED = ("chunked_loss",)
@@ -197,6 +191,20 @@ def load_model(spec):
     return hf_gpt2.from_pretrained(spec)
 
 
+def recorded_flags(log_dir):
+    """(flags, path): the --NAME=VALUE flags the run in log_dir was started and resumed with ({name: value},
+    merged in order, the latest winning), as its newest checkpoint that opens records them, and that
+    checkpoint's path; flags None if it was written before they were recorded; ({}, None) without a
+    checkpoint. Read by every process before the process group exists, memory-mapped and not verified:
+    read_newest verifies the checkpoint the run resumes from."""
+    for path in reversed(checkpoints(log_dir)):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("flags"), path
+        except Exception:  # damaged: read_newest names it and moves it aside
+            continue
+    return {}, None
+
+
 def model_config(spec):
     """The GPTConfig (a dict) of load_model(spec), read without loading or verifying the weights: a
     checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape."""
@@ -287,6 +295,8 @@ class Resume:
 
     def restore(self, model, optimizers, scaler, loader, rt):
         """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
+        print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts afresh)"
+               + (", evaluating that step first: its evaluation is not in the log" if self.unevaluated else ""))
         roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
         if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
             raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
@@ -307,14 +317,15 @@ class Resume:
         return self.step
 
 
-def continue_run(s, given, rt):
+def continue_run(s, chosen, given, rt):
     """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
     built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
-    command again continues it, a fine-tune too): unless --init_from=scratch was given, or init_from names
-    other weights than those the run started from (both refused: they would start a second run whose
-    checkpoints rotation mixes with the first's). The settings keep the run's origin in init_from. Rank 0
-    reads the newest checkpoint that verifies and shares the verdict; a finished run, or a change of a FIXED
-    setting, ends the run. A run from weights (a fine-tune, a resume) has their shape."""
+    command again continues it, a fine-tune too): unless this command (given) names --init_from=scratch, or
+    init_from names other weights than those the run started from (both refused: they would start a second
+    run whose checkpoints rotation mixes with the first's). The settings keep the run's origin in init_from.
+    Rank 0 reads the newest checkpoint that verifies and shares the verdict; a finished run ends here. A run
+    from weights (a fine-tune, a resume of one) has their shape; a shape the user chose (chosen) that
+    differs is refused."""
     existing = checkpoints(s.log_dir)
     if s.eval_only and existing:
         raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
@@ -326,7 +337,7 @@ def continue_run(s, given, rt):
         if s.init_from == "resume":
             raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
         if s.init_from != "scratch":  # the weights decide the shape; T within their positions
-            s = weights_shape(s, given, model_config(s.init_from), s.init_from)
+            s = weights_shape(s, chosen, model_config(s.init_from), s.init_from)
         return s, None
     meta, ckpt = read_newest(s.log_dir, rt)
     origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
@@ -335,11 +346,7 @@ def continue_run(s, given, rt):
                         f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
-        s = weights_shape(s, given, meta["model_config"], s.init_from)
-    s, kept = keep_run_settings(meta["config"], s, given)
-    if kept:
-        print0(f"NOTE: {kept}")
-    s, _ = resume_settings(meta["config"], s, meta["world_size"], rt.world_size, s.log_dir)  # FIXED: refused
+        s = weights_shape(s, chosen, meta["model_config"], s.init_from)
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -347,50 +354,42 @@ def continue_run(s, given, rt):
         print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
                f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
         return s, Resume(meta, None, finished=True)
-    print0(f"resuming from {meta['path']} (step {meta['step']}; --log_dir=NEW starts afresh)"
-           + (", evaluating that step first: its evaluation is not in the log" if unevaluated else ""))
-    resume = Resume(meta, ckpt, unevaluated=unevaluated)
-    if note := schedule_change(s, resume):
-        print0(f"NOTE: {note}")
-    return s, resume
+    return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def keep_run_settings(saved, s, given):
-    """(settings, note or None): a resume keeps the run's own settings (saved: its checkpoint's) where the
-    command line (given) names none, so that extending a fine-tune with --max_steps alone keeps its
-    --max_lr; the same command still resumes the same run. Not the MACHINE's settings, and not the FIXED
-    ones, which must match (resume_settings refuses a change). The note names what the settings block or
-    this start-up's fallbacks would have set instead."""
-    saved = {**BEFORE, **saved}
-    kept = {k: saved[k] for k, v in dataclasses.asdict(s).items()
-            if k in saved and k not in MACHINE + FIXED and k not in given and saved[k] != v}
-    if not kept:
-        return s, None
-    note = ("kept the run's " + ", ".join(f"{k}={v!r} (this command alone: {getattr(s, k)!r})"
-                                          for k, v in kept.items())
-            + ": a resume changes only what its command line names (--NAME=VALUE)")
-    return dataclasses.replace(s, **kept), note
-
-
-def resume_settings(saved, s, saved_world, world_size, log_dir):
-    """(settings, notes) for continuing a run saved with settings `saved` (a dict) by saved_world processes.
-    A change of a FIXED setting is a UserError listing every difference and the two ways out; other changes
-    are applied and noted (a device or dtype saved as "auto", before they were resolved, is not a change)."""
-    saved, now = {**BEFORE, **saved}, dataclasses.asdict(s)
-    if same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
-        now["data_root"] = saved["data_root"]
-    fixed = [k for k in FIXED if saved[k] != now[k]]
+def resume_changes(resume, s, given, block, world_size):
+    """Notes of what this start-up changes in the run it resumes, its saved settings compared with s once
+    (after every preset, fallback and fit: a setting lowered again is no change), each change with where it
+    came from: this command (given), the settings block (an edit since: s holds the block's value), or this
+    machine (a fit, the device, a fallback). A change of a FIXED setting is a UserError listing every one and
+    the two ways out. A device or dtype saved as "auto" (before they were resolved) is no change."""
+    saved, now = resume.meta["config"], dataclasses.asdict(s)
+    for path in ("data_root", "log_dir"):  # ./input.txt is input.txt
+        if path in saved and same_path(saved[path], now[path]):
+            now[path] = saved[path]
+    fixed = [k for k, before in FIXED.items() if saved.get(k, before) != now[k]]
     if fixed:
-        raise UserError(f"the run in {log_dir} has "
-                        + ", ".join(f"{k}={saved[k]!r} (now {now[k]!r})" for k in fixed)
+        raise UserError(f"the run in {s.log_dir} has "
+                        + ", ".join(f"{k}={saved.get(k, FIXED[k])!r} (now {now[k]!r}, {source(k, s, given, block)})"
+                                    for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
-                        + " ".join(f"--{k}={saved[k]}" for k in fixed) + ") to continue that run, or start a "
-                        "new one with --log_dir=NEW")
-    notes = [f"{k} changed since the checkpoint: {saved[k]!r} -> {v!r}" for k, v in now.items()
-             if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
-    if saved_world != world_size:
-        notes.append(f"processes changed since the checkpoint: {saved_world} -> {world_size}")
-    return s, notes
+                        + " ".join(f"--{k}={saved.get(k, FIXED[k])}" for k in fixed) + ") to continue that run, "
+                        "or start a new one with --log_dir=NEW")
+    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, s, given, block)})" for k, v in now.items()
+               if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
+    notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
+    if resume.meta["world_size"] != world_size:
+        notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> {world_size}")
+    if note := schedule_change(s, resume):
+        notes.append(note)
+    return notes
+
+
+def source(k, s, given, block):
+    """Where setting k's value in s came from, for messages."""
+    if k in given:
+        return "this command"
+    return "the settings block" if getattr(s, k) == block[k] else "this machine"
 
 
 def same_path(a, b):
@@ -398,14 +397,15 @@ def same_path(a, b):
     return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
 
 
-def weights_shape(s, given, config, origin):
+def weights_shape(s, chosen, config, origin):
     """Settings with the shape of the weights the run starts from (config: their GPTConfig as a dict) in
-    place of the settings block's: what ran is what the log records. A shape setting given on the command line
-    that differs is a UserError, as is a T beyond the weights' positions; both before any model is built."""
-    differ = [k for k in MODEL if k in given and given[k] != config[k]]
+    place of the settings block's: what ran is what the log records. A shape setting the user chose (chosen:
+    {name: where}) that differs is a UserError, as is a T beyond the weights' positions; both before any model
+    is built."""
+    differ = [k for k in MODEL if k in chosen and getattr(s, k) != config[k]]
     if differ:
-        why = " (--recipe sets them)" if "recipe" in given else ""
-        raise UserError(f"{', '.join(f'--{k}={given[k]}' for k in differ)}{why}, but {origin} has "
+        why = f" ({', '.join(sorted({chosen[k] for k in differ}))})"
+        raise UserError(f"{', '.join(f'{k}={getattr(s, k)}' for k in differ)}{why}, but {origin} has "
                         f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
                         f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
     if s.T > config["block_size"]:

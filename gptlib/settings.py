@@ -1,9 +1,14 @@
 """A training run's settings, resolved once at start-up, before any model is built: the settings block at the
-top of train_gpt2.py (where users edit them), then the command line (--name=value), the size and recipe
-presets, the fallbacks without data or a GPU, the checks (resolve); once the run to continue is known
-(checkpoint.continue_run), the micro-batch that fits the GPU (fit). The result is one frozen Settings, holding
-the device and dtype that run (no "auto" left), which the log records as it ran. Nothing here starts a
-process group or locks a folder: train_gpt2.py's main() does, in plain sight.
+top of train_gpt2.py (where users edit them), then the command line (--name=value; a resume: the run's own
+flags, then this command's), the size and recipe presets, the fallbacks without data or a GPU, the checks
+(resolve); once the run to continue is known (checkpoint.continue_run), the micro-batch that fits the GPU and
+what a resume changes (fit). The result is one frozen Settings, holding the device and dtype that run (no
+"auto" left), which the log records as it ran. Nothing here starts a process group or locks a folder:
+train_gpt2.py's main() does, in plain sight.
+
+The rule: what the user edited in the settings block or named on a command line is what runs. The presets
+and the fallbacks fill in only the settings left at the shipped recipe's value (SHIPPED); a resume runs as if
+the run's own command were typed again with this command's flags after it.
 
 A setting that cannot work is a UserError naming it and the fix; one that works but is likely a mistake, or
 that a fallback changed, is a NOTE printed as it is decided.
@@ -18,7 +23,7 @@ import torch
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
-from gptlib.checkpoint import MODEL, resume_settings, space_note
+from gptlib.checkpoint import MODEL, recorded_flags, resume_changes, space_note
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.runtime import print0
 from gptlib.trackers import TRACKERS
@@ -26,12 +31,21 @@ from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2, each overridable (--rotary=False);
 # nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1: ours start at 0.02)
-RECIPES = {"gpt2": {}, "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon",
-                                  "max_lr": 6e-3, "embed_lr": 0.004, "head_lr": 0.004}}
+RECIPES = {"gpt2": {**{name: False for name in GPTConfig.MODERN}, "optimizer": "adamw", "embed_lr": 0.0,
+                    "head_lr": 0.0},
+           "modern": {**{name: True for name in GPTConfig.MODERN}, "optimizer": "muon", "max_lr": 6e-3,
+                      "embed_lr": 0.004, "head_lr": 0.004}}
 PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
 SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
          for name, shape in GPT2_SIZES.items()}
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
+# The shipped recipe (GPT-2 124M on FineWeb-Edu with a GPU) of every setting a preset or a fallback sets: one
+# left at this value in the settings block and on the command line is untouched, theirs to fill in. The
+# block is where users edit them; a test checks that it ships these values.
+SHIPPED = {**SIZES["124M"], **RECIPES["gpt2"], "size": "", "recipe": "gpt2", "data_root": FINEWEB_DIR,
+           "total_batch_size": 2**19, "B": 64, "T": 1024, "max_steps": 19073, "warmup_steps": 715,
+           "eval_interval": 250, "val_tokens": 20 * 2**19, "hellaswag": 10042, "checkpoint_interval": 5000,
+           "compile": True}
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
@@ -65,38 +79,54 @@ def defaults(Settings):
 # ------------------------------------------------------------------------------------------------------------
 # the whole resolution, in order
 
-def runtime_options(Settings, given):
-    """runtime.setup's arguments from the settings block and the command line's overrides (given): the device,
-    the dtype and the collective timeout, which setting up the processes needs before anything else."""
-    asked = {**defaults(Settings), **given}
+def run_command(Settings, given):
+    """(named, notes): the flags that name this run's settings. A resume's are the run's own, recorded in its
+    newest checkpoint (its first command's, then each resume's), then this command's (given), which win: the
+    run's own command typed again, with these after it. The log_dir is this command's."""
+    log_dir = given.get("log_dir", defaults(Settings)["log_dir"])
+    recorded, path = recorded_flags(log_dir)
+    if recorded is None:  # written before the flags were recorded
+        return given, [f"{path} predates recorded command lines: this resume runs with this command's flags "
+                       f"alone, so repeat every --NAME=VALUE the run's first command named"]
+    unknown = sorted(set(recorded) - set(defaults(Settings)))
+    if unknown:
+        raise UserError(f"{path} was started with --{unknown[0]}, a setting this train_gpt2.py does not have: "
+                        f"continue it with the code that wrote it, or start afresh with --log_dir=NEW")
+    return {**recorded, **given}, []
+
+
+def runtime_options(Settings, named):
+    """runtime.setup's arguments from the settings block and the flags (named): the device, the dtype and the
+    collective timeout, which setting up the processes needs before anything else."""
+    asked = {**defaults(Settings), **named}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
     return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
 
 
-def resolve(Settings, given, rt):
-    """(settings, given, notes): the settings block, then the command line's overrides (given), the presets,
-    the fallbacks and every check (combine), for this runtime; given with what a preset set. Each NOTE (the
-    runtime's first) is printed and returned for the log."""
-    s, given, notes = combine(Settings, given, rt)
-    notes = rt.notes + notes
+def resolve(Settings, named, rt, notes=()):
+    """(settings, chosen, notes): the settings block, then the flags (named), the presets, the fallbacks and
+    every check (combine), for this runtime; chosen: {name: where the user chose it}. Each NOTE (the
+    runtime's, then those given, then combine's) is printed and returned for the log."""
+    s, chosen, own = combine(Settings, named, rt)
+    notes = rt.notes + list(notes) + own
     for note in notes:
         print0(f"NOTE: {note}")
-    return s, given, notes
+    return s, chosen, notes
 
 
-def fit(s, given, rt, resume):
+def fit(s, chosen, given, rt, resume):
     """(settings, notes) once the run to continue (resume, or None) and the weights' shape are known: the
     micro-batch that fits the GPU, the disk's room for checkpoints and the validation split's size, then
-    what a resume changes (after the fits: a setting start-up lowers again, B or val_tokens, is no change)
-    and a warm-up that outlasts the run. Each NOTE is printed and returned for the log."""
-    s, notes = fit_memory(s, given, rt)  # a B the GPU holds, found before minutes of compiling
+    what a resume changes, compared once with its saved settings (after the fits: a setting start-up lowers
+    again, B or val_tokens, is no change; given: this command's flags, to say where a change came from) and a
+    warm-up that outlasts the run. Each NOTE is printed and returned for the log."""
+    s, notes = fit_memory(s, chosen, rt)  # a B the GPU holds, found before minutes of compiling
     if not s.eval_only:
         notes += space_note(s.log_dir, count_params(model_shape(s)))
     s, val_notes = one_validation_pass(s)
     notes += val_notes
-    if resume is not None:
-        notes += resume_settings(resume.meta["config"], s, resume.meta["world_size"], rt.world_size,
-                                 s.log_dir)[1]
+    if resume is not None:  # a change the run cannot take is a UserError
+        notes += resume_changes(resume, s, given, defaults(type(s)), rt.world_size)
     if not s.eval_only and s.warmup_steps >= s.max_steps:
         notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
                      f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")
@@ -183,13 +213,17 @@ def parse_overrides(argv, Settings, script):
 # ------------------------------------------------------------------------------------------------------------
 # presets, fallbacks, checks
 
-def combine(Settings, given, rt):
-    """(settings, given, notes): the settings block, then the command line (`given`), the size and recipe
-    presets, the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that
-    order, with the device kind and dtype rt runs. given comes back with the presets chosen on the command
-    line counted as given. A setting that cannot work is a UserError."""
-    cfg, given = apply_presets({**defaults(Settings), **given}, given)
-    cfg, notes = apply_fallbacks(cfg, given, rt)
+def combine(Settings, named, rt):
+    """(settings, chosen, notes): the settings block, then the flags (named), the size and recipe presets,
+    the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that order, with
+    the device kind and dtype rt runs. chosen: {name: where} of each setting the user chose, which the presets
+    and fallbacks keep: edited in the block (off SHIPPED), named, or set by a preset that was. A setting that
+    cannot work is a UserError."""
+    block = defaults(Settings)
+    chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
+              **{k: "the command line" for k in named}}
+    cfg, chosen = apply_presets({**block, **named}, chosen)
+    cfg, notes = apply_fallbacks(cfg, chosen, rt)
     validate(cfg, rt)
     if cfg["compile"] and rt.kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
@@ -197,52 +231,62 @@ def combine(Settings, given, rt):
     elif cfg["compile"] and (why := runtime.compile_blocker(rt)):
         notes.append(f"compile=True but {runtime.eager_note(why)}")
         cfg["compile"] = False
-    return Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype}), given, notes
+    return Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype}), chosen, notes
 
 
-def apply_presets(cfg, given):
-    """(cfg, given) with the size preset's and then the recipe's settings, except those given on the command
-    line. A preset chosen on the command line counts as its settings given there (the CPU fallback keeps
-    them)."""
+def apply_presets(cfg, chosen):
+    """(cfg, chosen) with the size preset's and then the recipe's settings where the user chose none. A
+    preset the user chose counts as choosing its settings (the fallbacks keep them)."""
     if cfg["size"] and cfg["size"] not in SIZES:
         raise UserError(f"--size={cfg['size']!r}: use one of {', '.join(SIZES)}, or \"\" for the settings "
                         f"n_layer, n_head, n_kv_head, n_embd and max_lr as they are")
     if cfg["recipe"] not in RECIPES:
         raise UserError(f"--recipe={cfg['recipe']!r}: use gpt2 (GPT-2's) or modern")
     for name, presets in (("size", SIZES), ("recipe", RECIPES)):
-        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in given}
-        cfg, given = {**cfg, **preset}, ({**given, **preset} if name in given else given)
-    return cfg, given
+        preset = {k: v for k, v in presets.get(cfg[name], {}).items() if k not in chosen}
+        cfg = {**cfg, **preset}
+        if name in chosen:
+            chosen = {**chosen, **{k: f"--{name}={cfg[name]}" for k in preset}}
+    return cfg, chosen
 
 
-def apply_fallbacks(cfg, given, rt):
+def apply_fallbacks(cfg, chosen, rt):
     """(cfg, notes): without shards at the shipped data_root, train on input.txt (a plain `python` run only:
-    under torchrun that is a mistake); without a GPU, a small model. Both with settings to match, except those
-    given on the command line. Their batch is a fixed number of tokens, whatever the number of processes (so
-    a resume may change it, as B): B is lowered where needed to keep it whole."""
-    small, notes = {}, []
-    if cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+    under torchrun that is a mistake); without a GPU, a small model (unless the run starts from weights:
+    theirs). Both with settings to match, where the user chose none (chosen); one NOTE names what they
+    changed and what they kept. Their batch is a fixed number of tokens, whatever the number of processes (so
+    a resume may change it, as B): B is lowered where needed to keep it whole, with its own NOTE."""
+    small, why, notes = {}, [], []
+    doing = "evaluating" if cfg["eval_only"] else "training"
+    if "data_root" not in chosen and cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
                             f"directory you run from): make them there with `python fineweb.py`, pass "
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
-        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): "
-                     + ("evaluating" if cfg["eval_only"] else "training") + " on input.txt")
-        small.update(SHAKESPEARE_CONFIG, data_root=SHAKESPEARE)
+        notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): {doing} on "
+                     "input.txt")
+        small.update(data_root=SHAKESPEARE, **SHAKESPEARE_CONFIG)
+        why.append("input.txt")
     if rt.kind != "cuda":
-        small_model = cfg["init_from"] in ("scratch", "resume") and not set(MODEL) & set(given)
-        notes.append("no CUDA device: " + ("evaluating" if cfg["eval_only"] else "training")
-                     + (" a small model" if small_model else "") + " with a small batch on the CPU (settings "
-                     "given on the command line are kept)")
+        notes.append(f"no CUDA device: {doing} on the CPU")
         small.update(CPU_CONFIG)
-    cfg = {**cfg, **{k: v for k, v in small.items() if k not in given}}
+        why.append("the CPU")
+    if cfg["init_from"] not in ("scratch", "resume"):  # weights: the model's shape is theirs
+        small = {k: v for k, v in small.items() if k not in MODEL}
+    changed = {k: v for k, v in small.items() if k not in chosen and cfg[k] != v}
+    kept = {}  # {where: ["name=value", ...]} of the settings these would set that the user chose
+    for k in (k for k in small if k in chosen):
+        kept.setdefault(chosen[k], []).append(f"{k}={cfg[k]!r}")
+    if small:
+        notes.append(f"settings for {' and '.join(why)}: "
+                     + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "none changed")
+                     + "".join(f"; kept from {where}: {', '.join(names)}" for where, names in kept.items()))
+    cfg = {**cfg, **changed}
     fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
-    if "B" not in given and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
+    if "B" not in chosen and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
         b = next((b for b in fits if b <= cfg["B"]), cfg["B"])  # the largest B that keeps the batch whole
-        if not small:
-            notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
-                         f"into whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B "
-                         "to choose)")
+        notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
+                     f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B to choose)")
         cfg["B"] = b
     return cfg, notes
 
@@ -306,11 +350,11 @@ def memory_estimate(s, rt, B):
                            compiled=s.compile)["total"]
 
 
-def fit_memory(s, given, rt):
+def fit_memory(s, chosen, rt):
     """(settings, notes): B checked against the GPU's memory by accounting.py's estimate of the step that
     runs (compiled or eager), before minutes of compiling. A B that does not fit is lowered to the largest
     that does and keeps total_batch_size whole (more accumulation steps), unless B was given on the command
-    line: then a NOTE warns."""
+    line or edited in the block (chosen): then a NOTE warns."""
     if rt.memory is None:  # not a CUDA GPU
         return s, []
     budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
@@ -323,8 +367,8 @@ def fit_memory(s, given, rt):
     if fits is None:
         return s, [f"{said}, and no smaller B fits: expect to run out of memory (try --grad_checkpoint=True, "
                    f"or --fsdp=True over more GPUs)"]
-    if "B" in given:
-        return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
+    if "B" in chosen:
+        return s, [f"{said}: it may run out of memory; B={fits} fits the estimate"]
     return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to "
                                             f"choose)"]
 

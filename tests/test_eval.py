@@ -136,16 +136,18 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
 
 
 @pytest.mark.slow
-def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tmp_path, text):
-    """The command users run, at --nproc_per_node=8 on gloo (a tiny model): 2 steps of 8 rows (one a rank),
-    a checkpoint, and an evaluation divided over the 8 unevenly (9 validation rows: shares of 2 and 1 and
-    none; 7 HellaSwag examples: one rank has none; CORE's 5 tasks of 3), then the same run resumed on 2
-    processes to step 4. Every step's loss and the validation loss are one process's to float rounding (each
-    step reads the same rows, each row once), HellaSwag's and CORE's accuracies are equal."""
+def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tmp_path, text, reference):
+    """The command users run, at --nproc_per_node=8 on gloo (a fine-tune of a tiny model): 2 steps of 8 rows
+    (one a rank), a checkpoint, and an evaluation divided over the 8 unevenly (9 validation rows: shares of 2
+    and 1 and none; 7 HellaSwag examples: one rank has none; CORE's 5 tasks of 3), then the same run extended
+    on 2 processes to step 4 with --max_steps alone, from a folder without edu_fineweb10B/: every setting the
+    first command named is kept. Every step's loss and the validation loss are one process's to float
+    rounding (each step reads the same rows, each row once), HellaSwag's and CORE's accuracies are equal."""
     from conftest import TINY, write_core_bundle
     data = write_jsonl(tmp_path / "hs.jsonl", [hellaswag_example(i) for i in range(7)])
     bundle = write_core_bundle(tmp_path / "bundle", n=3)
-    args = TINY + [f"--data_root={text}", "--total_batch_size=1024", "--val_tokens=288", "--eval_interval=2",
+    *_, weights = checkpoints(reference[2])
+    args = TINY + [f"--data_root={text}", f"--init_from={weights}", "--total_batch_size=1024", "--val_tokens=288", "--eval_interval=2",
                    "--checkpoint_interval=2", "--hellaswag=7", f"--hellaswag_data={data}", "--core=3",
                    f"--core_bundle={bundle}"]
     import train_gpt2  # the reference: one process, uninterrupted (max_steps=2 then 4 changes no learning
@@ -154,8 +156,10 @@ def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tm
     log = tmp_path / "log"
     r = train(args + ["--max_steps=2", f"--log_dir={log}"], cwd=tmp_path, nproc=8)
     assert "1,024 tokens = 4 x 32 x 8 processes x 1 accumulation steps" in r.stdout
-    r = train(args + ["--max_steps=4", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
+    r = train(["--max_steps=4", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
     assert "resuming from" in r.stdout and "4 x 32 x 2 processes x 4 accumulation steps" in r.stdout
+    first, resumed = (rec["config"] for rec in records(log) if rec.get("event") == "start")
+    assert resumed == {**first, "max_steps": 4}
     got, want = records(log), records(tmp_path / "one")
     for key in ("loss", "val_loss", "val_bpb", "hellaswag", "core"):
         ours, theirs = ([(rec["step"], rec[key]) for rec in recs if key in rec and "event" not in rec]

@@ -36,7 +36,10 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
     assert (start["config"]["device"], start["config"]["dtype"]) == ("cpu", "fp32")  # what ran, not "auto"
-    assert len(start["fallbacks"]) == 2 and start["config"]["n_layer"] == 2  # command-line settings kept
+    assert start["config"]["n_layer"] == 2 and start["config"]["max_steps"] == 30  # the command line's, kept
+    assert start["fallbacks"][:2] == ["no shards in edu_fineweb10B/ (run `python fineweb.py` to make them): "
+                                      "training on input.txt", "no CUDA device: training on the CPU"]
+    assert "; kept from the command line: total_batch_size=256, B=4, T=32, " in start["fallbacks"][2]
     loss = losses(log)
     assert sorted(loss) == list(range(1, 31))
     assert sum(loss[s] for s in range(26, 31)) / 5 < sum(loss[s] for s in range(1, 6)) / 5 - 1.0  # it learns
@@ -259,35 +262,39 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
     assert not os.path.exists(tmp_path / "log")  # and no empty log_dir left behind
 
 
-def test_resume_settings():
-    """What a resume may change: B, learning rates and weight decay (noted);
-    what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
+def test_what_a_resume_may_change():
+    """What a resume may change: B, learning rates and weight decay (one NOTE, each change with where it came
+    from); what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
+    from types import SimpleNamespace
     from model import GPTConfig
-    Settings = train_gpt2.Settings
-    saved = dict(train_gpt2.CONFIG, B=4)
-    changed = Settings(**dict(saved, B=2, max_lr=1e-3, embed_lr=0.2))
-    s, notes = checkpoint.resume_settings(saved, changed, 2, 2, "log")
-    assert s.B == 2 and s.max_lr == 1e-3 and s.embed_lr == 0.2
-    assert notes == ["B changed since the checkpoint: 4 -> 2",
-                     "max_lr changed since the checkpoint: 0.0006 -> 0.001",
-                     "embed_lr changed since the checkpoint: 0.0 -> 0.2"]
-    s, notes = checkpoint.resume_settings(saved, Settings(**saved), 1, 2, "log")
-    assert notes == ["processes changed since the checkpoint: 1 -> 2"]
+    Settings, block = train_gpt2.Settings, train_gpt2.CONFIG
+    saved = dict(block, B=4)
+
+    def changes(now, given=(), world=1, config=saved):
+        resume = SimpleNamespace(meta={"config": config, "world_size": world}, step=0)
+        return checkpoint.resume_changes(resume, Settings(**now), dict.fromkeys(given), block, 1)
+    assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
+        "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
+    said = changes(dict(saved, B=64, max_lr=1e-3))
+    assert said[0] == ("changed since the checkpoint: B 4 -> 64 (the settings block), max_lr 0.0006 -> 0.001 "
+                       "(this machine)") and said[1].startswith("the learning rate of step 1 is 1.40e-06")
+    assert changes(saved, world=2) == ["processes changed since the checkpoint: 2 -> 1"]
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
-                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon")]:
-        with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}\\)"):
-            checkpoint.resume_settings(saved, Settings(**dict(saved, **{key: value})), 1, 1, "log")
+                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon"),
+                       ("T", 512)]:
+        with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}, this command\\)"):
+            changes(dict(saved, **{key: value}), given=[key])
     # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
-    assert checkpoint.resume_settings(old, Settings(**saved), 1, 1, "log")[1] == []
+    assert changes(saved, config=old) == []
+    with pytest.raises(UserError, match="untied_head=False \\(now True, this machine\\)"):
+        changes(dict(saved, untied_head=True), config=old)
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
-    now = Settings(**dict(saved, device="cpu", dtype="fp32"))
-    assert checkpoint.resume_settings(dict(saved, device="auto", dtype="auto"), now, 1, 1, "log")[1] == []
-    assert checkpoint.resume_settings(dict(saved, device="cpu", dtype="bf16"), now, 1, 1, "log")[1] == [
-        "dtype changed since the checkpoint: 'bf16' -> 'fp32'"]
-    with pytest.raises(UserError, match="untied_head=False \\(now True\\)"):
-        checkpoint.resume_settings(old, Settings(**dict(saved, untied_head=True)), 1, 1, "log")
+    now = dict(saved, device="cpu", dtype="fp32")
+    assert changes(now, config=dict(saved, device="auto", dtype="auto")) == []
+    assert changes(now, config=dict(saved, device="cpu", dtype="bf16")) == [
+        "changed since the checkpoint: dtype 'bf16' -> 'fp32' (this machine)"]
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
@@ -319,12 +326,13 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
     rt = Runtime(world_size=world_size, kind="cuda" if use_cuda else "cpu")
     cfg, notes = settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
-    assert cfg["data_root"] == settings.SHAKESPEARE and len(notes) == 1 + (not use_cuda)
+    assert cfg["data_root"] == settings.SHAKESPEARE and notes[0].startswith("no shards in edu_fineweb10B/")
+    assert notes[1].startswith("no CUDA device") != use_cuda and any("settings for input.txt" in n for n in notes)
     assert cfg["total_batch_size"] == (4096 if use_cuda else 2048)
     assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
     for split in ("train", "val"):  # raises if a split is shorter than one step
         DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
-    kept, _ = settings.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": 2}, rt)
+    kept, _ = settings.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": "the command line"}, rt)
     assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
     rt.distributed = True
     where = tmp_path / "edu_fineweb10B"
@@ -341,28 +349,29 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
 def test_size_and_recipe_presets():
     from gptlib.runtime import Runtime
     from model import GPTConfig
-    cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4},
-                                            {"size": "350M", "n_layer": 4})
+    named = {"size": "the command line", "n_layer": "the command line"}
+    cfg, chosen = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4}, named)
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
     assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
     # chosen on the command line: the CPU fallback keeps the preset's shape
-    assert overrides["n_embd"] == 1024
-    cpu, _ = settings.apply_fallbacks(cfg, overrides, Runtime())
+    assert chosen["n_embd"] == "--size=350M" and chosen["n_layer"] == "the command line"
+    cpu, notes = settings.apply_fallbacks(cfg, chosen, Runtime())
     assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
+    assert "; kept from --size=350M: n_head=16, n_kv_head=16, n_embd=1024, max_lr=0.0003" in notes[-1]
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
-        cfg, _ = settings.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": size})
+        cfg, _ = settings.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": "the command line"})
         assert (cfg["n_layer"], cfg["n_embd"]) == (layers, width) and cfg["n_embd"] % cfg["n_head"] == 0
     # "": the settings as they are
     assert settings.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
     # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
-    cfg, overrides = settings.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
-                                            {"recipe": "modern", "rotary": False})
-    assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and overrides["max_lr"] == 6e-3
+    cfg, chosen = settings.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
+                                         {"recipe": "the command line", "rotary": "the command line"})
+    assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and chosen["max_lr"] == "--recipe=modern"
     assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
     with pytest.raises(UserError, match="--recipe='new': use gpt2"):
-        settings.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "new"})
+        settings.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "the command line"})
     from gptlib.accounting import count_params  # the presets are GPT-2's sizes
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
                     "1558M": 1_557_611_200}.items():
@@ -645,8 +654,10 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     start = records(tmp_path / "ft")[0]
     assert start["config"]["n_layer"] == start["model_config"]["n_layer"] == 2
     assert start["config"]["n_embd"] == start["model_config"]["n_embd"] == 32
-    assert '"n_layer": 2' in out and "NOTE: no CUDA device: training with a small batch on the CPU" in out
-    with pytest.raises(UserError, match=f"--n_layer=3, but {weights} has n_layer=2: the weights decide"):
+    assert '"n_layer": 2' in out and "NOTE: no CUDA device: training on the CPU" in out
+    assert "n_layer=4" not in out  # the CPU's small model is not the weights'
+    with pytest.raises(UserError, match=f"n_layer=3 \\(the command line\\), but {weights} has n_layer=2: "
+                                        "the weights decide"):
         train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
     torch.manual_seed(0)
     from gptlib import hf_gpt2
@@ -679,8 +690,7 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     with a NOTE naming both (before, an error named a B the user never set)."""
     from gptlib.runtime import Runtime
     cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
-    cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": cfg["total_batch_size"]},
-                                          Runtime(kind="cuda"))
+    cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": "the command line"}, Runtime(kind="cuda"))
     assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
                                         "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
 
@@ -736,33 +746,128 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     dotted = os.path.join(os.path.dirname(text), ".", os.path.basename(text))
     assert train_gpt2.main(args + ["--max_steps=4", f"--data_root={dotted}"]) == 0
     said = capsys.readouterr().out
-    assert "resuming from" in said and "NOTE: max_steps changed since the checkpoint: 2 -> 4" in said
+    assert "resuming from" in said and "NOTE: changed since the checkpoint: max_steps 2 -> 4 (this command)\n" in said
     assert "val_tokens changed" not in said and "data_root" not in said.split("config (")[0]
     assert "NOTE: warmup_steps" not in said
     assert sorted(losses(str(tmp_path))) == [1, 2, 3, 4]
 
 
 @pytest.mark.slow
-def test_extending_a_run_keeps_its_settings(tmp_path, capsys, text):
-    """A resume changes only what its command line names: a run started with --max_lr=1e-3 and extended
-    with --max_steps alone keeps 1e-3 (this command alone would take the CPU fallback's 3e-3 and jump the
-    learning rate), said in one NOTE; the same command resumes the same run; naming a setting changes it."""
-    tiny = [a for a in TINY if not a.startswith(("--max_lr", "--warmup_steps"))]
-    args = tiny + [f"--data_root={text}", "--checkpoint_interval=2", f"--log_dir={tmp_path}"]
-    assert train_gpt2.main(args + ["--max_steps=2", "--max_lr=1e-3"]) == 0
+def test_extending_a_fine_tune_keeps_what_its_command_named(tmp_path, monkeypatch, capsys, text, reference):
+    """A resume runs as if the run's own command were typed again with this one's flags after it: a
+    fine-tune started with its data, a tiny shape, --max_lr, --B, --compile=False, --hellaswag_data and
+    --tracker, extended with --max_steps alone from a folder without edu_fineweb10B/, keeps every one (read
+    from its records, as its checkpoint records the flags); naming --max_lr then changes it, in one NOTE."""
+    *_, weights = checkpoints(reference[2])
+    data = tmp_path / "hs.jsonl"
+    data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
+    monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here: the no-shards fallback would take input.txt
+    log = str(tmp_path / "ft")
+    first = {"data_root": text, "init_from": weights, "n_layer": 2, "n_embd": 32, "T": 32, "B": 2,
+             "total_batch_size": 128, "max_lr": 1e-3, "compile": False, "hellaswag_data": str(data),
+             "tracker": "tensorboard", "val_tokens": 256, "hellaswag": 0}
+    assert train_gpt2.main([f"--{k}={v}" for k, v in first.items()] + ["--max_steps=2", f"--log_dir={log}"]) == 0
     capsys.readouterr()
-    assert train_gpt2.main(args + ["--max_steps=4"]) == 0
+    assert train_gpt2.main(["--max_steps=4", f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
-    assert ("NOTE: kept the run's max_lr=0.001 (this command alone: 0.003): a resume changes only what its "
-            "command line names (--NAME=VALUE)") in said
-    assert "learning rate of step 3" not in said  # no jump
-    start = [r for r in records(str(tmp_path)) if r.get("event") == "start"][-1]
-    assert start["config"]["max_lr"] == 1e-3 and start["config"]["max_steps"] == 4
-    assert max(r["lr"] for r in records(str(tmp_path)) if "lr" in r) <= 1e-3
-    assert train_gpt2.main(args + ["--max_steps=6", "--max_lr=2e-3"]) == 0
+    starts = [r for r in records(log) if r.get("event") == "start"]
+    assert len(starts) == 2 and {k: starts[1]["config"][k] for k in first} == first
+    assert starts[1]["config"]["max_steps"] == 4 and starts[1]["flags"] == {**first, "max_steps": 4}
+    assert final_weights(log)["flags"] == {**first, "max_steps": 4}
+    assert os.listdir(os.path.join(log, "tensorboard"))  # the tracker ran in both
+    assert "NOTE: changed since the checkpoint: max_steps 2 -> 4 (this command)\n" in said
+    assert sum(line.startswith("NOTE: changed since") for line in said.splitlines()) == 1
+    assert sorted(losses(log)) == [1, 2, 3, 4]
+    assert train_gpt2.main(["--max_steps=6", "--max_lr=2e-3", f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
-    assert "NOTE: max_lr changed since the checkpoint: 0.001 -> 0.002" in said
-    assert "kept the run's" not in said
+    assert ("NOTE: changed since the checkpoint: max_lr 0.001 -> 0.002 (this command), max_steps 4 -> 6 (this "
+            "command)\n") in said
+    assert [r for r in records(log) if r.get("event") == "start"][-1]["config"]["max_lr"] == 2e-3
+
+
+def edited_script(folder, **edits):
+    """A copy of train_gpt2.py in folder with its settings block edited (NAME = value, as a user does),
+    loaded as a module: its main() and Settings are the copy's."""
+    import importlib.util
+    import re
+    with open(SCRIPT, encoding="utf-8") as f:
+        source = f.read()
+    for name, value in edits.items():
+        source, n = re.subn(rf"^{name} = [^#\n]*?(  #.*)?$", rf"{name} = {value!r}\1", source, count=1,
+                            flags=re.M)
+        assert n == 1, name
+    path = folder / "train_gpt2.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("edited_train_gpt2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys):
+    """A copy of train_gpt2.py with n_layer, max_steps and eval_interval edited in its settings block runs
+    with those on a CPU without shards: both fallbacks keep them, and their NOTE says so. On a GPU (faked)
+    the no-shards fallback alone keeps them too. The block edited again (n_layer) before a resume is
+    refused, naming the setting and where the new value came from."""
+    from gptlib.runtime import Runtime
+    monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
+    (tmp_path / "a").mkdir()
+    edited = edited_script(tmp_path / "a", n_layer=1, max_steps=2, eval_interval=1)
+    log = str(tmp_path / "log")
+    assert edited.main([f"--log_dir={log}"]) == 0
+    start = records(log)[0]
+    assert {k: start["config"][k] for k in ("n_layer", "max_steps", "eval_interval")} == {
+        "n_layer": 1, "max_steps": 2, "eval_interval": 1}
+    assert start["config"]["n_embd"] == 64 and start["config"]["data_root"] == settings.SHAKESPEARE  # filled in
+    kept = start["fallbacks"][2].split("; kept from the settings block: ")[1]
+    assert sorted(kept.split(", ")) == ["eval_interval=1", "max_steps=2", "n_layer=1"]
+    assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
+    s, _, notes = settings.combine(edited.Settings, {"compile": False}, Runtime(kind="cuda"))
+    assert (s.n_layer, s.max_steps, s.eval_interval, s.T) == (1, 2, 1, 256)  # input.txt's T: not edited
+    assert notes[-1].endswith("; kept from the settings block: max_steps=2, eval_interval=1")
+    (tmp_path / "b").mkdir()
+    again = edited_script(tmp_path / "b", n_layer=2, max_steps=3, eval_interval=1)
+    with pytest.raises(UserError, match=r"^the run in .*log has n_layer=1 \(now 2, the settings block\), "
+                                        r"which a resume cannot change: restore it \(--n_layer=1\)"):
+        again.main([f"--log_dir={log}"])
+
+
+def test_a_resume_replays_the_runs_flags(tmp_path, text):
+    """The flags a run's newest checkpoint records come first, this command's after them (which win); the
+    presets are expanded afresh from both: --recipe=modern --max_lr=1e-2 --embed_lr=0.01 extended with
+    --recipe=modern --max_steps=3 keeps both learning rates (the preset fills only what no flag named), and
+    --size=350M --max_lr=1e-3 keeps 1e-3. A checkpoint written before flags were recorded: this command's
+    alone, and a NOTE that says to repeat the first command's; a recorded setting this code lacks: one line."""
+    from conftest import save_model
+    from gptlib.runtime import Runtime
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16))
+
+    def resolve(flags, given):
+        log = tmp_path / str(len(list(tmp_path.iterdir())))
+        log.mkdir()
+        path = save_model(model, log / "model_000002.pt", step=2)
+        if flags is not None:  # what save() records beside the weights
+            ckpt = torch.load(path, weights_only=True)
+            checkpoint.save_checkpoint({**{k: v for k, v in ckpt.items() if k != "checksum"}, "flags": flags},
+                                       path)
+        named, notes = settings.run_command(train_gpt2.Settings, {**given, "log_dir": str(log)})
+        s, chosen, _ = settings.combine(train_gpt2.Settings, named, Runtime())
+        return s, notes
+    s, notes = resolve({"recipe": "modern", "max_lr": 1e-2, "embed_lr": 0.01, "data_root": text},
+                       {"recipe": "modern", "max_steps": 3})
+    assert (s.max_lr, s.embed_lr, s.head_lr, s.optimizer, s.max_steps) == (1e-2, 0.01, 0.004, "muon", 3)
+    assert notes == []
+    s, _ = resolve({"size": "350M", "max_lr": 1e-3, "data_root": text}, {"size": "350M"})
+    assert (s.n_embd, s.max_lr) == (1024, 1e-3)
+    s, notes = resolve(None, {"max_steps": 3, "data_root": text})
+    assert s.max_lr == 3e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
+                                          "lines: this resume runs with this command's flags alone, so repeat "
+                                          "every --NAME=VALUE the run's first command named"]
+    with pytest.raises(UserError, match=r"model_000002.pt was started with --chunked_loss, a setting this "
+                                        r"train_gpt2.py does not have"):
+        resolve({"chunked_loss": True}, {})
 
 
 def test_rank_without_local_rank(monkeypatch):
