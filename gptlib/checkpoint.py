@@ -31,9 +31,9 @@ MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 # the loader continues at the same row) and the optimizer. Every other setting may (learning rates and weight
 # decay too: the parameter groups are named by role, whatever their values). Each with the value that
 # checkpoints written before the setting existed ran with (None: every checkpoint holds it).
-FIXED = {**{k: None for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "T",
-                              "total_batch_size", "data_root", "shuffle", "seed", "optimizer")},
-         "recipe": "gpt2", **{name: False for name in GPTConfig.MODERN}}
+FIXED = {**dict.fromkeys(("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")), "recipe": "gpt2",
+         **{name: False for name in GPTConfig.MODERN},
+         **dict.fromkeys(("T", "total_batch_size", "data_root", "shuffle", "seed", "optimizer"))}
 # GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
 # the model computes (chunked_loss: removed after one H100's A/B, 2026-11-26, measured it 0.923x)
 RETIRED = ("chunked_loss",)
@@ -357,25 +357,27 @@ def continue_run(s, chosen, given, rt):
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def resume_changes(resume, s, given, block, world_size):
+def resume_changes(resume, s, where, block, world_size):
     """Notes of what this start-up changes in the run it resumes, its saved settings compared with s once
     (after every preset, fallback and fit: a setting lowered again is no change), each change with where it
-    came from: this command (given), the settings block (an edit since: s holds the block's value), or this
-    machine (a fit, the device, a fallback). A change of a FIXED setting is a UserError listing every one and
-    the two ways out. A device or dtype saved as "auto" (before they were resolved) is no change."""
+    came from: where[name] ("this command", a preset, the settings block), else the settings block (s holds
+    its value: an edit since) or this machine (a fit, the device, a fallback). A change of a FIXED setting is
+    a UserError listing every one and the two ways out. A device or dtype saved as "auto" (before they were
+    resolved) is no change."""
     saved, now = resume.meta["config"], dataclasses.asdict(s)
     for path in ("data_root", "log_dir"):  # ./input.txt is input.txt
         if path in saved and same_path(saved[path], now[path]):
             now[path] = saved[path]
+    def source(k):
+        return where.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
     fixed = [k for k, before in FIXED.items() if saved.get(k, before) != now[k]]
     if fixed:
         raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={saved.get(k, FIXED[k])!r} (now {now[k]!r}, {source(k, s, given, block)})"
-                                    for k in fixed)
+                        + ", ".join(f"{k}={saved.get(k, FIXED[k])!r} (now {now[k]!r}, {source(k)})" for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={saved.get(k, FIXED[k])}" for k in fixed) + ") to continue that run, "
                         "or start a new one with --log_dir=NEW")
-    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, s, given, block)})" for k, v in now.items()
+    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k)})" for k, v in now.items()
                if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != world_size:
@@ -383,13 +385,6 @@ def resume_changes(resume, s, given, block, world_size):
     if note := schedule_change(s, resume):
         notes.append(note)
     return notes
-
-
-def source(k, s, given, block):
-    """Where setting k's value in s came from, for messages."""
-    if k in given:
-        return "this command"
-    return "the settings block" if getattr(s, k) == block[k] else "this machine"
 
 
 def same_path(a, b):

@@ -126,7 +126,8 @@ def fit(s, chosen, given, rt, resume):
     s, val_notes = one_validation_pass(s)
     notes += val_notes
     if resume is not None:  # a change the run cannot take is a UserError
-        notes += resume_changes(resume, s, given, defaults(type(s)), rt.world_size)
+        where = {**chosen, **dict.fromkeys(given, "this command")}
+        notes += resume_changes(resume, s, where, defaults(type(s)), rt.world_size)
     if not s.eval_only and s.warmup_steps >= s.max_steps:
         notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
                      f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")
@@ -277,7 +278,7 @@ def apply_fallbacks(cfg, chosen, rt):
     kept = {}  # {where: ["name=value", ...]} of the settings these would set that the user chose
     for k in (k for k in small if k in chosen):
         kept.setdefault(chosen[k], []).append(f"{k}={cfg[k]!r}")
-    if small:
+    if changed:
         notes.append(f"settings for {' and '.join(why)}: "
                      + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "none changed")
                      + "".join(f"; kept from {where}: {', '.join(names)}" for where, names in kept.items()))
@@ -368,7 +369,7 @@ def fit_memory(s, chosen, rt):
         return s, [f"{said}, and no smaller B fits: expect to run out of memory (try --grad_checkpoint=True, "
                    f"or --fsdp=True over more GPUs)"]
     if "B" in chosen:
-        return s, [f"{said}: it may run out of memory; B={fits} fits the estimate"]
+        return s, [f"{said}: it may run out of memory; --B={fits} fits the estimate"]
     return dataclasses.replace(s, B=fits), [f"{said}: using B={fits}, the largest that fits (set --B to "
                                             f"choose)"]
 
