@@ -419,7 +419,7 @@ def main():
         print(f"NOTE: {note}")
     t0 = time.time()
     tasks = load_tasks(args.bundle, args.max_per_task)
-    model = load_model(args.model).to(rt.device).eval()
+    model = load_model(args.model, "--model").to(rt.device).eval()
     times = {"reading": time.time() - t0}
     t0 = time.time()
     if args.unbatched:
