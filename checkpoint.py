@@ -6,8 +6,9 @@ them.
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
 "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"} ("elapsed": the run's training time so
-far, which a resume goes on from); sample.py, hellaswag.py and core_eval.py read the same file (load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
-altered file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
+far, which a resume goes on from); sample.py, hellaswag.py and core_eval.py read the same file (load_model).
+checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or altered file is
+detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
 by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
 """
 import dataclasses
