@@ -1,5 +1,5 @@
 """The acceleration ladder: GPT-2 training throughput as each speed-up is switched on, measured; and every
-GPU figure README quotes, in one command.
+GPU figure docs/speed.md quotes, in one command.
 
     python bench.py                      # CUDA: GPT-2 124M, B=16, T=1024; CPU: a small model (a smoke test)
     python bench.py --B 32 --out bench.md

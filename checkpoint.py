@@ -24,7 +24,7 @@ def main():
                         "with GPT-2's tokenizer files: GPT2LMHeadModel, AutoTokenizer and pipeline load it "
                         "offline")
     args = parser.parse_args()
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint, "python checkpoint.py")
     model = GPT(GPTConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     print(f"{args.checkpoint}: verified (its checksum matches); step {ckpt.get('step', '?')}, "

@@ -128,6 +128,19 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
     return tasks
 
 
+def made_for_timing(bundle):
+    """Whether bundle is one dev/make_core_bundle.py made: CORE's shapes from local files, not DCLM's data, so
+    its CORE means nothing. Its core.yaml says made_by: dev/make_core_bundle.py; one made before that mark
+    is known by every task's category, "bench"."""
+    import yaml
+    with open(os.path.join(bundle, "core.yaml"), encoding="utf-8") as f:
+        if str(yaml.safe_load(f).get("made_by", "")).startswith("dev/make_core_bundle.py"):
+            return True
+    with open(os.path.join(bundle, "eval_meta_data.csv"), encoding="utf-8", newline="") as f:
+        categories = {row.get("Task Category") for row in csv.DictReader(f)}
+    return categories == {"bench"}
+
+
 FIELDS = {"multiple_choice": ("query", "choices", "gold"),  # what a row of each kind must hold
           "schema": ("context_options", "continuation", "gold"),
           "language_modeling": ("context", "continuation")}
@@ -405,7 +418,7 @@ def main():
         print(f"NOTE: {note}")
     t0 = time.time()
     tasks = load_tasks(args.bundle, args.max_per_task)
-    model = load_model(args.model).to(rt.device).eval()
+    model = load_model(args.model, "--model").to(rt.device).eval()
     times = {"reading": time.time() - t0}
     t0 = time.time()
     if args.unbatched:
@@ -422,6 +435,9 @@ def main():
         n = sum(len(t.examples) for t in tasks)
         print(f"CORE {result['core']:.4f} ({n:,} examples, {len(tasks)} tasks; {sum(times.values()):.1f} s: "
               + ", ".join(f"{what} {dt:.1f} s" for what, dt in times.items()) + ")")
+        if args.bundle and made_for_timing(args.bundle):
+            print(f"NOTE: {args.bundle} was made by dev/make_core_bundle.py to time CORE's shapes from local "
+                  "files, not DCLM's data: this CORE means nothing (without --bundle, DCLM's is downloaded)")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump({"core": result["core"], "tasks": result["tasks"], "seconds": times}, f, indent=1)

@@ -9,7 +9,8 @@
 Every document becomes <|endoftext|> followed by its GPT-2 tokens; documents keep their input order, so the
 output is deterministic. The token stream's first 16,777,216 tokens (VAL_TOKENS, or one shard if
 --shard_size is smaller) are the validation split ({prefix}_val_000000.bin), the rest train in shards of
---shard_size tokens ({prefix}_train_000001.bin, ...; a document may span two, the last may be short). A corpus
+--shard_size tokens ({prefix}_train_000001.bin, ...; a document may span two, the last may be short); the
+prefix is edufineweb for FineWeb-Edu and corpus for --input's files, unless --prefix names one. A corpus
 within one shard is cut as a data_root file is: the first 90% trains, the last 10% validates. Each shard is
 written under a temporary name and renamed when complete. A rerun with the same arguments skips the complete
 shards (their headers record where in the document stream they end) and writes byte-identical files; a rerun
@@ -50,6 +51,7 @@ REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 # more than the default run evaluates (val_tokens = 10,485,760), a small share of any corpus past one shard
 # (a 150M one keeps 89% to train, not 33%), whatever --shard_size is
 VAL_TOKENS = 2**24
+FINEWEB_PREFIX, INPUT_PREFIX = "edufineweb", "corpus"  # the shards' names: tokenized FineWeb-Edu, --input's
 PRETOKENIZED, PRETOKENIZED_PREFIX = "kjj0/finewebedu10B-gpt2", "finewebedu"
 SPEEDRUN, SPEEDRUN_PREFIX = "kjj0/fineweb10B-gpt2", "fineweb"  # --speedrun_val: its val shard only
 # its train shards: finewebedu_train_000001.bin ... _000099.bin, 100M tokens each but the last (53,989,344):
@@ -274,9 +276,19 @@ def refuse_mixing(out_dir, prefix):
                         f"the loader would mix with these: choose another --out_dir")
 
 
+def default_prefix(input_path, out_dir):
+    """The shards' names without --prefix: edufineweb_* for FineWeb-Edu, corpus_* for --input's own files.
+    An out_dir already holding edufineweb_* shards keeps that name (an --input's shards were named so before
+    corpus_*): a rerun continues them, and one of other input is refused as before."""
+    if input_path is None or glob.glob(os.path.join(out_dir, f"{FINEWEB_PREFIX}_*.bin*")):
+        return FINEWEB_PREFIX
+    return INPUT_PREFIX
+
+
 def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     check_range("--shard_size", shard_size, 1)
     check_range("--workers", workers, 1)
+    prefix = prefix or default_prefix(input_path, out_dir)
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     listing = input_files(input_path) if input_path else None  # a missing input fails here, before out_dir
@@ -461,7 +473,9 @@ def cli():
                         help="tokens per shard. A corpus within one shard is cut 90/10; past one, "
                         "validation is the stream's first min(2^24, shard_size) tokens: at or below 2^24 a "
                         "whole shard, most of a corpus just over one")
-    parser.add_argument("--prefix", default="edufineweb", help="shard file name prefix")
+    parser.add_argument("--prefix", default=None, help="shard file name prefix (default: edufineweb for "
+                        "FineWeb-Edu, corpus for --input's files; edufineweb where out_dir holds such "
+                        "shards)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--pretokenized", action="store_true",
                         help=f"download {PRETOKENIZED} (already tokenized) instead of tokenizing")

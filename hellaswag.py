@@ -212,7 +212,7 @@ def main():
     if args.unbatched and rt.distributed:
         raise UserError("--unbatched runs in one process: drop torchrun, or --unbatched")
     examples = load_examples(args.data, args.limit)
-    model = load_model(args.model).to(rt.device).eval()
+    model = load_model(args.model, "--model").to(rt.device).eval()
     t0 = time.time()
     if args.unbatched:
         result, how = evaluate_unbatched(model, examples, rt, progress=True), ""

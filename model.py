@@ -192,8 +192,8 @@ class ChunkedHeadLoss(torch.autograd.Function):
     x (N, C), weight (vocab_size, C), targets (N,), scratch (chunk, vocab_size) -> the loss. The plain way
     allocates four (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap
     that the kernel zero-fills page by page; the scratch stays allocated from step to step. The CPU default's
-    first 25 steps, as whole processes in turns, took 0.83x the plain head's time (system time 9.3 s against
-    27.4 s; 2026-11-26, docs/speed.md).
+    first 25 steps, as whole processes in turns, took 0.87x the plain head's time (medians 57.7 s against
+    66.3 s, system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md).
     Compiled code (a GPU's step) fuses the plain way: there it measured 0.923x, and it was removed."""
 
     @staticmethod

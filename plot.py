@@ -3,7 +3,7 @@ against step, optionally against a baseline run, and say how the two runs' setti
 
     python plot.py                                          # log/metrics.jsonl -> log/plot.png
     python plot.py --log run/metrics.jsonl --out run.png --logy
-    python plot.py --baseline log_gpt2/metrics.jsonl        # vs OpenAI GPT-2 on the same data (README)
+    python plot.py --baseline log_gpt2/metrics.jsonl        # vs OpenAI GPT-2, same data (docs/reproduce.md)
     python plot.py --report                                 # and log/report.md: what ran, what it reached
 
 A baseline is any train_gpt2.py log: an --eval_only=True run is drawn as level lines (one evaluation), a

@@ -86,7 +86,7 @@ def main():
     if note:
         print(f"NOTE: {note}")
     # inference keeps no fp32 master weights: in bf16 (fp16) a decode step reads half the bytes and casts none
-    model = load_model(args.model).to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
+    model = load_model(args.model, "--model").to(rt.device, runtime.TORCH_DTYPES[rt.dtype]).eval()
     texts, tok_s, warm_up = sample(Engine(model, compile, args.span), prompt, args.num_samples,
                                    args.max_new_tokens, args.temperature, args.top_k or None, args.seed, rt)
     for text in texts:

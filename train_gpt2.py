@@ -251,7 +251,7 @@ def build_model(s, resume):
         return GPT(GPTConfig(**{**resume.model_config, **settings.how_it_trains(s)}))
     if s.init_from == "scratch":
         return GPT(settings.model_shape(s))
-    model = load_model(s.init_from)
+    model = load_model(s.init_from, "--init_from")
     model.config = dataclasses.replace(model.config, **settings.how_it_trains(s))
     return model
 

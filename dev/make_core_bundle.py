@@ -16,6 +16,8 @@ import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# core.yaml's first line, the mark by which core_eval.py knows such a bundle and says its CORE means nothing
+MARK = "made_by: dev/make_core_bundle.py  # not DCLM's data: its CORE means nothing"
 
 
 def write(path, rows):
@@ -25,7 +27,8 @@ def write(path, rows):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hellaswag", help="hellaswag_val.jsonl")
     parser.add_argument("out", help="the bundle's folder")
     parser.add_argument("--n", type=int, default=None, help="at most N examples per task (default: all)")
@@ -49,7 +52,8 @@ def main():
              ("lambada_like_10shot", "language_modeling", 10, " ", 0.0, at + "lambada_like_10.jsonl",
               lm[n_lm:]),
              ("winograd_like", "schema", 0, " ", 50.0, at + "winograd_like.jsonl", schema)]
-    config, meta = ["icl_tasks:"], ["Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline"]
+    config = [MARK, "icl_tasks:"]
+    meta = ["Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline"]
     for label, kind, shots, delim, baseline, uri, rows in tasks:
         config += [f"- label: {label}", f"  dataset_uri: {uri}", f"  num_fewshot: [{shots}]",
                    f"  icl_task_type: {kind}", f"  continuation_delimiter: {json.dumps(delim)}"]

@@ -138,21 +138,43 @@ def free_space(path):
     return shutil.disk_usage(nearest_existing(path)).free
 
 
-def load_checkpoint(path):
-    """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it."""
+def load_checkpoint(path, option=None):
+    """The verified contents of a checkpoint (on the CPU), or CheckpointError saying what is wrong with it.
+    option: how the command names a checkpoint (--model, --init_from): a damaged one's line then says which
+    earlier checkpoint in its folder verifies and how to pick it (next_step)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
-        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e)})") from None
+        raise CheckpointError(f"checkpoint {path} is damaged: it cannot be read ({first_line(e)})"
+                              + next_step(path, option)) from None
     if not isinstance(ckpt, dict) or not {"model", "model_config", "checksum"} <= set(ckpt):
         raise CheckpointError(f"{path} is not a train_gpt2.py checkpoint (no 'model', 'model_config' or "
                               f"'checksum' entries)")
     if checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != ckpt["checksum"]:
-        raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum")
+        raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum"
+                              + next_step(path, option))
     ckpt["model_config"] = current(ckpt["model_config"])
     return ckpt
+
+
+def next_step(path, option):
+    """The end of a damaged checkpoint's line: the newest earlier checkpoint in its folder that verifies and
+    option to pick it, or that none does; "" without option (a resume's own NOTE says what it does)."""
+    if option is None:
+        return ""
+    folder = os.path.dirname(path) or "."
+    found = checkpoints(folder)
+    where = [os.path.abspath(p) for p in found]
+    earlier = found[:where.index(os.path.abspath(path))] if os.path.abspath(path) in where else found
+    for candidate in reversed(earlier):
+        try:
+            load_checkpoint(candidate)
+        except CheckpointError:
+            continue
+        return f"; {candidate}, an earlier one beside it, verifies: {option} {candidate} picks it"
+    return f"; no earlier checkpoint in {folder} verifies: restore this one from a copy, or train it again"
 
 
 def current(config):
@@ -180,11 +202,12 @@ def newest_valid(log_dir, note=print):
                           "one, or start afresh with --log_dir=NEW")
 
 
-def load_model(spec):
+def load_model(spec, option=None):
     """A GPT from a train_gpt2.py checkpoint (.pt, verified against its checksum), an HF GPT-2 folder, or an
-    OpenAI GPT-2 name (gpt2, gpt2-medium, ...)."""
+    OpenAI GPT-2 name (gpt2, gpt2-medium, ...). option: the setting that named spec, for a damaged
+    checkpoint's line (load_checkpoint)."""
     if spec.endswith(".pt"):
-        ckpt = load_checkpoint(spec)
+        ckpt = load_checkpoint(spec, option)
         model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model
@@ -205,9 +228,10 @@ def recorded_flags(log_dir):
     return {}, None
 
 
-def model_config(spec):
+def model_config(spec, option=None):
     """The GPTConfig (a dict) of load_model(spec), read without loading or verifying the weights: a
-    checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape."""
+    checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape. option: as
+    load_checkpoint's."""
     if not spec.endswith(".pt"):
         return dataclasses.asdict(hf_gpt2.pretrained_config(spec))
     if not os.path.isfile(spec):
@@ -215,8 +239,8 @@ def model_config(spec):
     try:  # memory-mapped: only the config is read
         config = torch.load(spec, map_location="cpu", weights_only=True, mmap=True)["model_config"]
     except Exception as e:  # a truncated zip, a file of another kind, no model_config
-        raise CheckpointError(f"{spec} is not a readable train_gpt2.py checkpoint ({first_line(e)})") \
-            from None
+        raise CheckpointError(f"{spec} is not a readable train_gpt2.py checkpoint ({first_line(e)})"
+                              + next_step(spec, option)) from None
     return dataclasses.asdict(GPTConfig(**current(config)))
 
 
@@ -337,7 +361,7 @@ def continue_run(s, chosen, given, rt):
         if s.init_from == "resume":
             raise UserError(f"--init_from=resume but {s.log_dir} holds no checkpoint (model_*.pt)")
         if s.init_from != "scratch":  # the weights decide the shape; T within their positions
-            s = weights_shape(s, chosen, model_config(s.init_from), s.init_from)
+            s = weights_shape(s, chosen, model_config(s.init_from, "--init_from"), s.init_from)
         return s, None
     meta, ckpt = read_newest(s.log_dir, rt)
     origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept

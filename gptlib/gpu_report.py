@@ -1,4 +1,4 @@
-"""Every GPU figure README quotes, from one command: `python bench.py --report DIR`.
+"""Every GPU figure docs/speed.md quotes, from one command: `python bench.py --report DIR`.
 
 Each section below runs in its own process (a crash or an out-of-memory in one loses no other), its output
 kept as DIR/<section>.log, its result as DIR/<section>.json; DIR/report.md is written again after each
@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 
 def sections(out, cuda, device, hellaswag_data, peer=None):
     """[(name, title, argv)] in the order they run: what a decision needs first (the checks, the training
-    step), then the rest README's Speed section quotes; llm.c's reference last, where --peer names it. On a
+    step), then the rest docs/speed.md's summary quotes; llm.c's reference last, where --peer names it. On a
     CPU: tiny sizes, no compile (minutes on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []

@@ -108,17 +108,59 @@ def test_newest_valid(tmp_path):
 
 @pytest.mark.parametrize("name", ["sample", "hellaswag"])
 def test_damaged_checkpoint_is_one_line_in_sample_and_hellaswag(tmp_path, name, monkeypatch):
-    """The UserError (its one line through each entry point: test_sample_plot.py, test_hellaswag.py)."""
-    path = str(tmp_path / "model_000003.pt")
+    """The UserError (its one line through each entry point: test_sample_plot.py, test_hellaswag.py), naming
+    the earlier checkpoint beside it that verifies, and --model to pick it."""
+    path, earlier = str(tmp_path / "model_000003.pt"), str(tmp_path / "model_000002.pt")
     save_checkpoint(state(), path)
+    save_checkpoint(state(), earlier)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 200)
     data = tmp_path / "hs.jsonl"
     data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
     monkeypatch.setattr(sys, "argv", [f"{name}.py", "--model", path, "--device", "cpu",
                                       *(["--data", str(data)] if name == "hellaswag" else [])])
-    with pytest.raises(UserError, match=f"^checkpoint {path} is damaged: it cannot be read"):
+    with pytest.raises(UserError, match=f"^checkpoint {path} is damaged: it cannot be read .*; {earlier}, an "
+                                        f"earlier one beside it, verifies: --model {earlier} picks it$"):
         importlib.import_module(name).main()
+
+
+def test_a_damaged_checkpoints_line_names_the_earlier_one_that_verifies(tmp_path, monkeypatch):
+    """Named by a command, a damaged checkpoint's one line ends with the newest earlier checkpoint in its
+    folder that verifies and the setting that picks it (passing over an earlier damaged one), or says that
+    none does; a resume's own check (no setting) adds nothing. train_gpt2.py --init_from meets it reading
+    the weights' shape, checkpoint.py as its argument."""
+    from gptlib import checkpoint
+    import train_gpt2
+    paths = [str(tmp_path / f"model_{step:06d}.pt") for step in (1, 2, 3)]
+    for step, path in enumerate(paths, 1):
+        save_checkpoint({**state(), "step": step}, path)
+    for path in paths[1:]:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 200)
+    hint = f"; {paths[0]}, an earlier one beside it, verifies: --model {paths[0]} picks it"
+    with pytest.raises(UserError) as e:
+        load_model(paths[2], "--model")
+    assert str(e.value).startswith(f"checkpoint {paths[2]} is damaged: it cannot be read (")
+    assert str(e.value).endswith(hint) and "\n" not in str(e.value)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(paths[2])
+    assert ";" not in str(e.value).split(")")[-1]
+    with pytest.raises(UserError, match=f"verifies: --init_from {paths[0]} picks it$"):
+        train_gpt2.main([f"--init_from={paths[2]}", f"--log_dir={tmp_path / 'ft'}"])
+    data = open(paths[0], "rb").read()  # bytes changed inside: its recorded shape still reads
+    at = data.index(torch.tensor([MARK] * 4).numpy().tobytes())
+    flipped = tmp_path / "flipped" / "model_000004.pt"
+    flipped.parent.mkdir()
+    flipped.write_bytes(data[:at] + os.urandom(8) + data[at + 8:])
+    with pytest.raises(UserError, match=f"checksum; no earlier checkpoint in {flipped.parent} verifies: "):
+        train_gpt2.main([f"--init_from={flipped}", "--T=16", f"--log_dir={tmp_path / 'ft'}"])
+    monkeypatch.setattr(sys, "argv", ["checkpoint.py", paths[1]])
+    with pytest.raises(UserError, match=f"verifies: python checkpoint.py {paths[0]} picks it$"):
+        checkpoint.main()
+    os.remove(paths[0])
+    with pytest.raises(UserError, match=f"; no earlier checkpoint in {tmp_path} verifies: restore this one "
+                                        "from a copy, or train it again$"):
+        load_model(paths[2], "--model")
 
 
 @pytest.mark.parametrize("saved_fused, fused", [(False, True), (True, False)])
@@ -194,7 +236,7 @@ def test_checkpoints_sort_by_step_past_a_million(tmp_path):
 def test_export_into_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """checkpoint.py CKPT --hf DIR where DIR (or the folder it would be made in) cannot be written: one line
     before anything is written (os.access faked: root may write anywhere here)."""
-    import checkpoint
+    from gptlib import checkpoint
     ckpt = tmp_path / "model_000001.pt"
     model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
     config = {"block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}

@@ -14,7 +14,8 @@ import jinja2
 import pytest
 import torch
 
-from conftest import ENV, ROOT, TINY, records, save_model, write_core_bundle, write_jsonl
+from conftest import (ENV, ROOT, TINY, hellaswag_example, records, save_model, write_core_bundle,
+                      write_jsonl)
 import core_eval
 from gptlib import packing
 from gptlib.engine import Engine
@@ -248,6 +249,46 @@ def test_cli_and_torchrun_agree(tmp_path, bundle, model, monkeypatch, capsys):
     one, two = (json.load(open(tmp_path / f"{n}.json")) for n in ("one", "two"))
     assert {k: one[k] for k in ("core", "tasks")} == {k: two[k] for k in ("core", "tasks")}
     assert one["tasks"]["lm_greedy"]["n"] == 12 and "forwards" in two["seconds"]
+
+
+def test_a_bundle_made_for_timing_says_its_core_means_nothing(tmp_path, bundle, model, monkeypatch, capsys):
+    """dev/make_core_bundle.py's --help describes it, and core_eval.py on the bundle it makes prints CORE,
+    then one NOTE that such a CORE means nothing; on another bundle, no NOTE. A bundle made before the mark in
+    core.yaml is known by its tasks' category, "bench"."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_core_bundle", os.path.join(ROOT, "dev",
+                                                                                    "make_core_bundle.py"))
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    monkeypatch.setattr(sys, "argv", ["make_core_bundle.py", "--help"])
+    with pytest.raises(SystemExit):
+        maker.main()
+    assert "A CORE eval bundle in DCLM's layout built from local files" in capsys.readouterr().out
+    hs = write_jsonl(tmp_path / "hellaswag_val.jsonl", [hellaswag_example(i) for i in range(3)])
+    made = str(tmp_path / "made")
+    monkeypatch.setattr(sys, "argv", ["make_core_bundle.py", hs, made, "--n", "3"])
+    maker.main()
+    ckpt = save_model(model.float(), tmp_path / "m.pt")
+    model.double()
+    for folder, noted in ((made, True), (bundle, False)):
+        monkeypatch.setattr(sys, "argv", ["core_eval.py", "--model", ckpt, "--bundle", folder, "--device",
+                                          "cpu"])
+        capsys.readouterr()
+        core_eval.main()
+        out = capsys.readouterr().out.splitlines()
+        notes = [line for line in out if line.startswith("NOTE: ")]
+        assert notes == ([f"NOTE: {made} was made by dev/make_core_bundle.py to time CORE's shapes from "
+                          "local files, not DCLM's data: this CORE means nothing (without --bundle, DCLM's "
+                          "is downloaded)"] if noted else []), out
+        if noted:
+            assert out[-2].startswith("CORE "), out  # the NOTE right under the score
+    yaml_path = os.path.join(made, "core.yaml")
+    with open(yaml_path, encoding="utf-8") as f:
+        first, rest = f.read().split("\n", 1)
+    assert first.startswith("made_by: dev/make_core_bundle.py")
+    with open(yaml_path, "w", encoding="utf-8") as f:
+        f.write(rest)  # as the maker wrote it before the mark
+    assert core_eval.made_for_timing(made) and not core_eval.made_for_timing(bundle)
 
 
 def test_padded_lengths_are_few_and_pad_the_least():

@@ -63,6 +63,26 @@ def test_shards_hold_eot_prefixed_tokens_in_order(tmp_path):
     assert np.array_equal(np.concatenate([load_shard(p) for p in paths]), reference(DOCS))
 
 
+def test_your_own_files_make_corpus_shards_and_old_edufineweb_ones_continue(tmp_path):
+    """Without --prefix, --input's shards are corpus_*, not FineWeb-Edu's edufineweb_*, and the loader reads
+    them; an out_dir of edufineweb_* shards that an --input wrote before that name keeps it: the rerun
+    continues them (rewriting the ones removed) rather than refusing the folder."""
+    src = tmp_path / "corpus.jsonl"
+    write_docs(src, DOCS)
+    fineweb.main(str(src), str(tmp_path / "mine"), "text", 97, None, 1)
+    names = [os.path.basename(p) for p in shards_of(tmp_path / "mine")]
+    assert names[:2] == ["corpus_val_000000.bin", "corpus_train_000001.bin"] and len(names) > 3, names
+    assert np.array_equal(DataLoaderLite(1, 8, split="train", data_root=str(tmp_path / "mine")).shards[0][1],
+                          load_shard(shards_of(tmp_path / "mine")[1]))
+    old = tmp_path / "old"
+    fineweb.main(str(src), str(old), "text", 97, "edufineweb", 1)  # as fineweb.py named them before
+    before = {os.path.basename(p): open(p, "rb").read() for p in shards_of(old)}
+    os.remove(shards_of(old)[-1])
+    fineweb.main(str(src), str(old), "text", 97, None, 1)
+    assert {os.path.basename(p): open(p, "rb").read() for p in shards_of(old)} == before
+    assert fineweb.default_prefix(None, str(tmp_path / "mine")) == "edufineweb"  # FineWeb-Edu's own
+
+
 @pytest.mark.slow
 def test_cli_end_to_end(tmp_path):
     src = tmp_path / "corpus.jsonl"
@@ -256,7 +276,7 @@ def test_a_corpus_smaller_than_a_shard_still_gets_a_train_shard(tmp_path, text):
     out = tmp_path / "o"
     cli = [sys.executable, "fineweb.py", "--input", str(src), "--out_dir", str(out), "--workers", "1"]
     r = subprocess.run(cli, cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "2 shards (edufineweb_val_000000.bin + 1 train)" in r.stdout, r.stderr
+    assert r.returncode == 0 and "2 shards (corpus_val_000000.bin + 1 train)" in r.stdout, r.stderr
     val, train_shard = (load_shard(p) for p in shards_of(out))
     assert len(train_shard) == split_point(len(reference(docs)))
     assert np.array_equal(np.concatenate([train_shard, val]), reference(docs))

@@ -111,11 +111,12 @@ def test_what_runs_leave_is_ignored_by_git():
     left = ["log/metrics.jsonl", "log_gpt2/model_000150.pt", "run 2/model_000010.pt.damaged", "run 2/.lock",
             "run 2/.owner", "log/plot.png", "log/report.md", "log/tensorboard/events.out.tfevents.1.vm",
             "log/wandb/offline-run-1-abc/run-abc.wandb", "log/wandb_id", "mine/edufineweb_train_000001.bin",
-            "mine/t_val_000000.bin",
+            "mine/t_val_000000.bin", "mine/corpus_val_000000.bin",
             "nano/edufineweb_train_000001.npy", "hellaswag_data/hellaswag_val.jsonl", ".venv/bin/python",
             "venv/lib/x.py", "bench.md", "gpu_report/report.md", "gpu_report/checks.log", "trace.json",
             "my-gpt2/model.safetensors", "my-gpt2/config.json", "export/model.safetensors"]
-    ours = ["train_gpt2.py", "gptlib/gpt2.tiktoken", "gptlib/settings.py", "input.txt", "tests/conftest.py", "docs/cpu_run.png",
+    ours = ["train_gpt2.py", "gptlib/gpt2.tiktoken", "gptlib/settings.py", "input.txt", "LICENSE",
+            "tests/conftest.py", "docs/cpu_run.png",
             "docs/gpu/h100-2026-11-25/report/report.md", "docs/gpu/h100-2026-11-25/report/script_log/metrics.jsonl"]
     r = subprocess.run(["git", "check-ignore", "--no-index", *left, *ours], cwd=ROOT, capture_output=True,
                        text=True)
@@ -236,7 +237,7 @@ def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monk
     transformers = pytest.importorskip("transformers")
     import torch
 
-    import checkpoint
+    from gptlib import checkpoint
     from conftest import DOCS, save_model
     from gptlib.engine import Engine
     from gptlib.errors import UserError
