@@ -129,7 +129,7 @@ def test_a_damaged_checkpoints_line_names_the_earlier_one_that_verifies(tmp_path
     folder that verifies and the setting that picks it (passing over an earlier damaged one), or says that
     none does; a resume's own check (no setting) adds nothing. train_gpt2.py --init_from meets it reading
     the weights' shape, checkpoint.py as its argument."""
-    from gptlib import checkpoint
+    import checkpoint
     import train_gpt2
     paths = [str(tmp_path / f"model_{step:06d}.pt") for step in (1, 2, 3)]
     for step, path in enumerate(paths, 1):
@@ -236,7 +236,7 @@ def test_checkpoints_sort_by_step_past_a_million(tmp_path):
 def test_export_into_an_unwritable_folder_is_one_line(tmp_path, monkeypatch, capsys):
     """checkpoint.py CKPT --hf DIR where DIR (or the folder it would be made in) cannot be written: one line
     before anything is written (os.access faked: root may write anywhere here)."""
-    from gptlib import checkpoint
+    import checkpoint
     ckpt = tmp_path / "model_000001.pt"
     model = GPT(GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
     config = {"block_size": 16, "vocab_size": 50304, "n_layer": 1, "n_head": 2, "n_embd": 16}

@@ -237,7 +237,7 @@ def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monk
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from gptlib import checkpoint
+    import checkpoint
     from conftest import DOCS, save_model
     from gptlib.engine import Engine
     from gptlib.errors import UserError
