@@ -347,6 +347,14 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_
     assert "fineweb.py" not in str(e.value)
 
 
+def test_the_settings_block_ships_what_the_presets_and_fallbacks_take_as_untouched():
+    """settings.SHIPPED, the values a preset or a fallback may replace, is what train_gpt2.py's settings
+    block ships, and names every setting they set: a value off it is the user's edit, which they keep."""
+    assert {k: train_gpt2.CONFIG[k] for k in settings.SHIPPED} == settings.SHIPPED
+    presets = {k for preset in (*settings.SIZES.values(), *settings.RECIPES.values()) for k in preset}
+    assert presets | set(settings.CPU_CONFIG) | set(settings.SHAKESPEARE_CONFIG) <= set(settings.SHIPPED)
+
+
 def test_size_and_recipe_presets():
     from gptlib.runtime import Runtime
     from model import GPTConfig
