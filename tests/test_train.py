@@ -702,6 +702,10 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": "the command line"}, Runtime(kind="cuda"))
     assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
                                         "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
+    # on a CPU too, where the fallback set B (0bcff65 said nothing there)
+    cfg, notes = settings.apply_fallbacks(dict(cfg, B=64, total_batch_size=1152), {"total_batch_size": "the "
+                                          "command line"}, Runtime())
+    assert cfg["B"] == 3 and notes[-1].startswith("B=3: B=8 does not divide total_batch_size=1,152")
 
 
 def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_write(tmp_path, capsys, text):
@@ -744,19 +748,23 @@ def test_a_short_run_and_a_tiny_corpus_say_each_thing_once(tmp_path, capsys, tex
 
 @pytest.mark.slow
 def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
-    """What start-up lowers to fit (val_tokens to the validation split) is lowered again on the resume, not
-    a change; ./x is x; a run whose warm-up outlasts it says so."""
-    args = TINY + ["--val_tokens=10000000", "--checkpoint_interval=2", f"--log_dir={tmp_path}"]
+    """What start-up lowers to fit (the CPU fallback's val_tokens, untouched, to the validation split) is
+    lowered again on the resume, not a change, nor a setting kept; ./x is x; a run whose warm-up outlasts it
+    says so."""
+    args = [a for a in TINY if not a.startswith("--val_tokens")] + ["--checkpoint_interval=2",
+                                                                     f"--log_dir={tmp_path}"]
     assert train_gpt2.main(args + ["--max_steps=2", f"--data_root={text}"]) == 0
     said = capsys.readouterr().out
-    assert "NOTE: val_tokens=10,000,000 but the validation split holds" in said
+    assert "NOTE: val_tokens=8,192 but the validation split holds" in said
     assert "NOTE: warmup_steps=2 >= max_steps=2: the learning rate climbs for the whole run and never reaches " \
            "max_lr=0.003 (lower --warmup_steps)" in said
     dotted = os.path.join(os.path.dirname(text), ".", os.path.basename(text))
     assert train_gpt2.main(args + ["--max_steps=4", f"--data_root={dotted}"]) == 0
     said = capsys.readouterr().out
     assert "resuming from" in said and "NOTE: changed since the checkpoint: max_steps 2 -> 4 (this command)\n" in said
-    assert "val_tokens changed" not in said and "data_root" not in said.split("config (")[0]
+    assert not any("val_tokens" in line for line in said.splitlines() if line.startswith(("NOTE: changed",
+                                                                                            "NOTE: kept")))
+    assert "data_root" not in said.split("config (")[0]
     assert "NOTE: warmup_steps" not in said
     assert sorted(losses(str(tmp_path))) == [1, 2, 3, 4]
 
