@@ -2,10 +2,12 @@
 them (checkpoint.py at the top level is their command: verify one, export it for transformers).
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
-"flags", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"}; sample.py and hellaswag.py read the same
-file (load_model). checksum is the sha256 of everything else in it, tensors byte for byte, so a truncated or
-altered file is detected before any of it is used. Model and optimizer states are full (unsharded) and keyed
-by parameter name, whether the run used DDP or FSDP, so a checkpoint of either resumes under the other.
+"flags", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"} ("config": the settings that ran;
+"flags": the --NAME=VALUE flags the run's commands named, which a resume replays; "elapsed": the training
+time so far); sample.py, hellaswag.py and core_eval.py read the same file (load_model). checksum is the
+sha256 of everything else in it, tensors byte for byte, so a truncated or altered file is detected before any
+of it is used. Model and optimizer states are full (unsharded) and keyed by parameter name, whether the run
+used DDP or FSDP, so a checkpoint of either resumes under the other.
 """
 import dataclasses
 import errno
@@ -31,8 +33,8 @@ MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 # the loader continues at the same row) and the optimizer. Every other setting may (learning rates and weight
 # decay too: the parameter groups are named by role, whatever their values). Each with the value that
 # checkpoints written before the setting existed ran with (None: every checkpoint holds it).
-FIXED = {**dict.fromkeys(("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")), "recipe": "gpt2",
-         **{name: False for name in GPTConfig.MODERN},
+FIXED = {**dict.fromkeys(("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")),
+         "recipe": "gpt2", **{name: False for name in GPTConfig.MODERN},
          **dict.fromkeys(("T", "total_batch_size", "data_root", "shuffle", "seed", "optimizer"))}
 # GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
 # the model computes (chunked_loss: removed after one H100's A/B, 2026-11-26, measured it 0.923x)
@@ -319,8 +321,8 @@ class Resume:
 
     def restore(self, model, optimizers, scaler, loader, rt):
         """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
-        print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts afresh)"
-               + (", evaluating that step first: its evaluation is not in the log" if self.unevaluated else ""))
+        first = ", evaluating that step first: its evaluation is not in the log" if self.unevaluated else ""
+        print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts afresh){first}")
         roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
         if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
             raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
@@ -394,13 +396,14 @@ def resume_changes(resume, s, where, block, world_size):
             now[path] = saved[path]
     def source(k):
         return where.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
-    fixed = [k for k, before in FIXED.items() if saved.get(k, before) != now[k]]
+    was = {k: saved.get(k, before) for k, before in FIXED.items()}
+    fixed = [k for k in FIXED if was[k] != now[k]]
     if fixed:
         raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={saved.get(k, FIXED[k])!r} (now {now[k]!r}, {source(k)})" for k in fixed)
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k)})" for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
-                        + " ".join(f"--{k}={saved.get(k, FIXED[k])}" for k in fixed) + ") to continue that run, "
-                        "or start a new one with --log_dir=NEW")
+                        + " ".join(f"--{k}={was[k]}" for k in fixed)
+                        + ") to continue that run, or start a new one with --log_dir=NEW")
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k)})" for k, v in now.items()
                if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []

@@ -90,8 +90,8 @@ def run_command(Settings, given):
                        f"alone, so repeat every --NAME=VALUE the run's first command named"]
     unknown = sorted(set(recorded) - set(defaults(Settings)))
     if unknown:
-        raise UserError(f"{path} was started with --{unknown[0]}, a setting this train_gpt2.py does not have: "
-                        f"continue it with the code that wrote it, or start afresh with --log_dir=NEW")
+        raise UserError(f"{path} was started with --{unknown[0]}, a setting this train_gpt2.py does not "
+                        f"have: continue it with the code that wrote it, or start afresh with --log_dir=NEW")
     return {**recorded, **given}, []
 
 
@@ -286,8 +286,9 @@ def apply_fallbacks(cfg, chosen, rt):
     fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
     if "B" not in chosen and fits and cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
         b = next((b for b in fits if b <= cfg["B"]), cfg["B"])  # the largest B that keeps the batch whole
-        notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
-                     f"whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B to choose)")
+        notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
+                     f"into whole micro-steps of {cfg['T']} tokens x {rt.world_size} processes (set --B to "
+                     "choose)")
         cfg["B"] = b
     return cfg, notes
 
