@@ -7,7 +7,7 @@ GPU figure docs/speed.md quotes, in one command.
     python bench.py --trace trace.json   # also the profiled steps, for ui.perfetto.dev
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
-    python bench.py --only step          # the training step as train_gpt2.py runs it, at --step_B 64
+    python bench.py --only step --B 32   # the training step as train_gpt2.py runs it (default B=64)
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
     python bench.py --report gpu_report --peer ../llm.c/train_gpt2.py         # and llm.c's reference
 
@@ -45,7 +45,7 @@ from gptlib.optimizers import ROLES, make_optimizers
 from gptlib.runlog import metrics_path, read_log
 from gptlib.runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory, synchronize
 from model import GPT, GPT2_SIZES, GPTConfig
-from train_gpt2 import Models, train_step
+from train_gpt2 import CONFIG, Models, train_step
 
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it. Fused
     # attention comes before compile (the reproductions turn it on after): then only two rungs compile a graph
@@ -89,6 +89,14 @@ def training_step(size, s, B, T, rt):
 WARMING = [0.0]  # seconds this process spent compiling and warming up: its first calls' time over the rest
 
 
+def settled(times, warmup):
+    """The median of times after the first `warmup`; what those first took over as many settled ones (the
+    compiling and warming up) goes to WARMING."""
+    median = statistics.median(times[warmup:])
+    WARMING[0] += max(0.0, sum(times[:warmup]) - warmup * median)
+    return median
+
+
 def time_steps(step, device, steps, warmup):
     """(median seconds per call of step() after warm-up, the peak memory (CUDA), (fastest, slowest)). The
     warm-up's time over as many steady calls goes to WARMING."""
@@ -103,9 +111,7 @@ def time_steps(step, device, steps, warmup):
         synchronize(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    median = statistics.median(times[warmup:])
-    WARMING[0] += max(0.0, sum(times[:warmup]) - warmup * median)
-    return median, peak, (min(times[warmup:]), max(times[warmup:]))
+    return settled(times, warmup), peak, (min(times[warmup:]), max(times[warmup:]))
 
 
 def rungs(skip):
@@ -288,9 +294,11 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
                 warmed.add(batch)
             _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
             for use_cache in (True, False):
-                for _ in range(1 if use_cache else 2):  # recomputing: the second run is timed
-                    outs[use_cache], seconds[use_cache] = timed(lambda: engine.generate(
-                        idx, new, top_k=1, use_cache=use_cache))
+                # recomputing: the second run is timed, the first's extra (a plan per new length) is warm-up
+                runs = [timed(lambda: engine.generate(idx, new, top_k=1, use_cache=use_cache))
+                        for _ in range(1 if use_cache else 2)]
+                outs[use_cache], seconds[use_cache] = runs[-1]
+                settled([dt for _, dt in runs], len(runs) - 1)
             turns = {True: [seconds[True]], False: []}  # whole cache, then --span, in turns
             for _ in range(2 if batch == span_at else 0):
                 for whole, e in ((False, spanned), (True, engine)):
@@ -315,8 +323,8 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
 
 def memory(size, s, rt, measured):
     """accounting.py's estimate of each step measured against the peak it measured (CUDA): measured holds
-    {(B, T, compiled): peak bytes} of the steps timed in this process (the ladder's last rung, the step at
-    --step_B) with the last rung's settings s; an eager step at the smallest of those B is measured here."""
+    {(B, T, compiled): peak bytes} of the steps timed in this process (the ladder's last rung, the step) with
+    the last rung's settings s; an eager step at the smallest of those B is measured here."""
     config = GPTConfig(**size, vocab_size=s["vocab_size"])
     dtype = "bf16" if s["bf16"] else "fp32"
     if rt.kind == "cuda" and measured:
@@ -380,13 +388,16 @@ def softmax_bandwidth(device, shapes=((262144, 1024), (5336, 50304)), reps=20):
         for name, fn in (("naive PyTorch", fused_softmax.naive_softmax),
                          ("torch.softmax", lambda t: torch.softmax(t, -1)),
                          ("Triton fused", fused_softmax.softmax)):
-            fn(x)
-            synchronize(device)
             t0 = time.perf_counter()
+            fn(x)  # a first call (the Triton kernel's compiles): timed for WARMING alone
+            synchronize(device)
+            first, t0 = time.perf_counter() - t0, time.perf_counter()
             for _ in range(reps):
                 fn(x)
             synchronize(device)
-            gbs = 2 * x.numel() * 4 / ((time.perf_counter() - t0) / reps) / 1e9
+            per_call = (time.perf_counter() - t0) / reps
+            settled([first, per_call], 1)
+            gbs = 2 * x.numel() * 4 / per_call / 1e9
             out.append(f"    {name}: "
                        f"{gbs:,.1f} GB/s" + ("" if bw is None else f" ({gbs * 1e9 / bw:.0%} of bandwidth)"))
         del x
@@ -411,6 +422,7 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
         t0 = time.perf_counter()
         result = hellaswag.evaluate(model, prepared, rt)
         seconds.append(time.perf_counter() - t0)
+    warm = settled(seconds, 1)  # the first evaluation in the process: attention plans, kernels loaded
     source = data or f"{n} examples cut from input.txt (no --hellaswag_data)"
     lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a "
              f"forward, {len(prepared.batches)} batches, acc_norm {result['acc_norm']:.4f} of random "
@@ -418,7 +430,7 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
              "| tokenize and pack | first evaluation (cold) | later evaluations (warm) | examples/s (warm) |",
              "| ---: | ---: | ---: | ---: |",
              f"| {pack:.2f} s | {seconds[0]:.2f} s | {', '.join(f'{x:.2f} s' for x in seconds[1:])} | "
-             f"{len(examples) / statistics.median(seconds[1:]):,.0f} |", ""]
+             f"{len(examples) / warm:,.0f} |", ""]
     print("\n".join(lines), flush=True)
     return lines
 
@@ -460,7 +472,7 @@ def core_cost(size, rt, data, compile, batch_sizes):
             t0 = time.perf_counter()
             result = core_eval.evaluate(run, prepared, rt)
             seconds.append(time.perf_counter() - t0)
-        WARMING[0] += max(0.0, seconds[0] - seconds[1])
+        settled(seconds, 1)
         lines.append(f"| {batch_size} | {pack:.2f} s | {seconds[0]:.2f} s | {seconds[1]:.2f} s | "
                      f"{n / seconds[1]:,.0f} | {result['core']:.4f} |")
         print(lines[-1], flush=True)
@@ -477,65 +489,86 @@ PEER_RUNNER = ("import runpy, sys, tiktoken\n"
                "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def peer_cost(peer, rt, B, T, steps, rounds=2):
-    """train_gpt2.py against llm.c's PyTorch reference (its train_gpt2.py at `peer`, outside this project) at
-    B x T, one micro-step a step, on the same random-token shards (llm.c's .bin layout is this project's),
-    each run its own process, in turns (ours, peer, ours, peer: drift hits both), compiled on CUDA: each
-    run's median ms/step over its second half of `steps`, its peak memory, and the ratio of the medians."""
+# train_gpt2.py as its command line runs it, up to its last step: what it does after that (a checkpoint, the
+# validation loss, samples, report.md) no setting skips, and llm.c's run, its evaluations off, does none of it
+OURS_RUNNER = ("import sys\n"
+               "sys.path.insert(0, sys.argv[1])\n"
+               "import train_gpt2\n"
+               "from gptlib import errors, runtime\n"
+               "train_gpt2.save = lambda run: 'not written (bench.py)'\n"
+               "train_gpt2.evaluate_or_stop = lambda run, checkpoint: None\n"
+               "train_gpt2.write_report = lambda path: 'not written (bench.py)'\n"
+               "sys.argv = sys.argv[1:]\n"
+               "errors.main_guard(train_gpt2.main, runtime.exit_process)\n")
+PEER_VOCAB = 50257  # llm.c's d12: GPT-2's own vocabulary, unpadded
+
+
+def peer_cost(peer, rt, size, B, T, steps, warmup, rounds=2):
+    """train_gpt2.py against llm.c's PyTorch reference (its train_gpt2.py at `peer`, an absolute path outside
+    this project) at B x T, one micro-step a step, on the same random-token shards (llm.c's .bin layout is
+    this project's), each run its own process, in turns (ours, peer, ours, peer: drift hits both), compiled on
+    CUDA: each run's median ms/step over its `steps` after `warmup` (what those took over as many settled
+    steps goes to WARMING), its peak memory (CUDA), and the ratio of the medians. Ours is the model of `size`
+    (GPT-2 124M on CUDA, bench.py's small model on a CPU), the peer's its d12, GPT-2 124M, everywhere."""
     from dataloader import write_shard
-    if not os.path.isfile(peer):
-        raise UserError(f"--peer {peer}: no such file; give the path of llm.c's train_gpt2.py (its PyTorch "
-                        "reference, github.com/karpathy/llm.c)")
     root = os.path.dirname(os.path.abspath(__file__))
-    cuda, times, peaks = rt.kind == "cuda", {"ours": [], "peer": []}, {}
-    dtype = "bf16" if cuda else "fp32"
+    cuda, times, peaks = rt.kind == "cuda", {"ours": [], "peer": []}, {"ours": None, "peer": None}
+    dtype, n = "bf16" if cuda else "fp32", warmup + steps
     with tempfile.TemporaryDirectory() as tmp:
         gen = torch.Generator().manual_seed(0)
         for name in ("peer_val_000000.bin", "peer_train_000001.bin"):
-            write_shard(os.path.join(tmp, name), torch.randint(0, 50257, (2 * B * T * steps + 1,),
+            write_shard(os.path.join(tmp, name), torch.randint(0, 50257, (2 * B * T * n + 1,),
                                                                generator=gen).numpy())
         for r in range(rounds):
             log_dir = os.path.join(tmp, f"ours{r}")
-            ours = [sys.executable, os.path.join(root, "train_gpt2.py"), f"--data_root={tmp}", f"--B={B}",
-                    f"--T={T}", f"--total_batch_size={B * T}", f"--max_steps={steps}", "--warmup_steps=10",
+            ours = [sys.executable, "-c", OURS_RUNNER, root, f"--data_root={tmp}", f"--B={B}", f"--T={T}",
+                    f"--total_batch_size={B * T}", f"--max_steps={n}", "--warmup_steps=10",
                     "--eval_interval=100000", f"--val_tokens={T}", "--checkpoint_interval=100000",
                     "--hellaswag=0", f"--compile={cuda}", f"--device={rt.kind}", f"--dtype={dtype}",
-                    f"--log_dir={log_dir}", "--n_layer=12", "--n_head=12", "--n_kv_head=12", "--n_embd=768",
-                    "--max_lr=6e-4"]
+                    f"--log_dir={log_dir}", f"--n_layer={size['n_layer']}", f"--n_head={size['n_head']}",
+                    f"--n_kv_head={size['n_head']}", f"--n_embd={size['n_embd']}", "--max_lr=6e-4"]
             p = subprocess.run(ours, capture_output=True, text=True, cwd=tmp)
             if p.returncode:
                 raise RuntimeError(f"train_gpt2.py failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
             logged = [record for record in read_log(metrics_path(log_dir)) if "ms" in record]
-            times["ours"].append(statistics.median(record["ms"] for record in logged[steps // 2:]))
-            peaks["ours"] = max(record["peak_memory"] or 0 for record in logged) / 2**20 if cuda else None
+            times["ours"].append(1000 * settled([record["ms"] / 1000 for record in logged], warmup))
+            if cuda:
+                peaks["ours"] = max(record["peak_memory"] for record in logged) / 2**20
             theirs = [sys.executable, "-c", PEER_RUNNER, root, peer, f"--input_bin={tmp}/peer_train_*.bin",
                       "--model=d12", f"--batch_size={B}", f"--sequence_length={T}",
-                      f"--total_batch_size={B * T}", f"--num_iterations={steps}", "--learning_rate=6e-4",
+                      f"--total_batch_size={B * T}", f"--num_iterations={n}", "--learning_rate=6e-4",
                       "--warmup_iters=10", "--weight_decay=0.1", "--overfit_single_batch=0",
                       "--write_tensors=0", "--val_loss_every=0", "--sample_every=0", f"--device={rt.kind}",
                       f"--compile={int(cuda)}", "--flash=1",
                       "--tensorcores=1", f"--dtype={'bfloat16' if cuda else 'float32'}"]
             p = subprocess.run(theirs, capture_output=True, text=True, cwd=tmp)
-            ms = [float(m) for m in re.findall(r"\| \((\d+\.\d+) ms \|", p.stdout)]
-            if len(ms) < steps:  # its last line (the peak CUDA memory) fails on a CPU: the steps count
+            ms = [float(m) / 1000 for m in re.findall(r"\| \((\d+\.\d+) ms \|", p.stdout)]
+            if len(ms) < n:  # its last line (the peak CUDA memory) fails on a CPU: the steps count
                 raise RuntimeError(f"{peer} failed (exit status {p.returncode}):\n{p.stdout[-2000:]}"
                                    f"{p.stderr[-2000:]}")
-            times["peer"].append(statistics.median(ms[steps // 2:]))
+            times["peer"].append(1000 * settled(ms[:n], warmup))
             found = re.search(r"peak memory consumption: (\d+) MiB", p.stdout)
-            peaks["peer"] = int(found.group(1)) if found else None
+            if cuda and found:  # off CUDA it says 0 MiB: nothing was measured
+                peaks["peer"] = int(found.group(1))
             print(f"round {r + 1}: train_gpt2.py {times['ours'][-1]:.2f} ms/step, llm.c's "
                   f"{times['peer'][-1]:.2f}", flush=True)
     ours, theirs = (statistics.median(times[k]) for k in ("ours", "peer"))
     mem = {k: "n/a" if v is None else f"{v:,.0f} MiB" for k, v in peaks.items()}
-    lines = [f"train_gpt2.py against llm.c's PyTorch reference ({peer}), GPT-2 124M, B={B}, T={T}, {dtype}"
-             f"{', compiled' if cuda else ''}; {rounds} rounds in turns of {steps} steps, each run's median "
-             "over its second half:", "",
-             "| script | ms/step (rounds) | tok/s | peak memory |", "| --- | ---: | ---: | ---: |",
-             f"| train_gpt2.py | {ours:.2f} ({', '.join(f'{t:.2f}' for t in times['ours'])}) | "
+    model = "GPT-2 124M" if cuda else (f"ours {size['n_layer']} layers {size['n_embd']} wide against its d12 "
+                                       "(GPT-2 124M): a smoke test, the figures mean nothing")
+    vocab = CONFIG["vocab_size"]
+    lines = [f"train_gpt2.py against llm.c's PyTorch reference ({peer}), {model}, B={B}, T={T}, {dtype}"
+             f"{', compiled' if cuda else ''}; {rounds} rounds in turns, each run's median of {steps} steps "
+             f"after {warmup} warm-up:", "",
+             "| script | vocabulary | ms/step (rounds) | tok/s | peak memory |",
+             "| --- | ---: | ---: | ---: | ---: |",
+             f"| train_gpt2.py | {vocab:,} | {ours:.2f} ({', '.join(f'{t:.2f}' for t in times['ours'])}) | "
              f"{B * T / ours * 1000:,.0f} | {mem['ours']} |",
-             f"| llm.c's train_gpt2.py | {theirs:.2f} ({', '.join(f'{t:.2f}' for t in times['peer'])}) | "
-             f"{B * T / theirs * 1000:,.0f} | {mem['peer']} |", "",
-             f"train_gpt2.py is {theirs / ours:.3f}x the reference's speed", ""]
+             f"| llm.c's train_gpt2.py | {PEER_VOCAB:,} | {theirs:.2f} "
+             f"({', '.join(f'{t:.2f}' for t in times['peer'])}) | {B * T / theirs * 1000:,.0f} | "
+             f"{mem['peer']} |",
+             "", f"train_gpt2.py is {theirs / ours:.3f}x the reference's speed, its vocabulary padded to "
+             f"{vocab:,} where llm.c's d12 uses {PEER_VOCAB:,}: the ratio includes that padding", ""]
     print("\n".join(lines), flush=True)
     return lines
 
@@ -547,13 +580,15 @@ EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without
 def main():
     parser = command_line(__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--B", type=int, default=None, help="micro-batch (default 16 on CUDA, 4 on CPU)")
+    parser.add_argument("--B", type=int, default=None,
+                        help="micro-batch (default: the ladder's 16; the step's and the peer's 64, "
+                        "train_gpt2.py's; on a CPU 4 and 8)")
     parser.add_argument("--T", type=int, default=None,
                         help="sequence length (default 1024 on CUDA, 64 on CPU)")
-    parser.add_argument("--step_B", type=int, default=None,
-                        help="--only step: its micro-batch (default 64 on CUDA, 8 on CPU)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per rung (default 10 / 3)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 / 1)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps per rung, of the step and of each --peer run (default 10 / 3)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps first, timed apart as the compiling and warm-up (default 3 / 1)")
     parser.add_argument("--skip", default="",
                         help=f"comma-separated rungs to leave off: {', '.join(n for n, _ in RUNGS)}")
     parser.add_argument("--out", default=None, help="also write the report to this markdown file")
@@ -571,17 +606,25 @@ def main():
                         "output and DIR/report.md; a rerun continues where one stopped")
     parser.add_argument("--peer", default=None, metavar="PATH",
                         help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, "
-                        "which you name) against train_gpt2.py at --step_B, in turns, on the same "
-                        "random-token shards")
+                        "which you name) against train_gpt2.py at the step's B, in turns, on the same "
+                        "random-token shards, --warmup steps then --steps timed")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "
                         "continues from it)")
     parser.add_argument("--commit", default=None,
                         help="--report: the commit these files are, where they are not a git checkout")
     args = parser.parse_args()
-    for option, low in (("B", 1), ("step_B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
+    for option, low in (("B", 1), ("T", 1), ("steps", 1), ("warmup", 0)):
         check_range(f"--{option}", getattr(args, option), low)
     check_range("--budget", args.budget, above=0)
+    if args.peer and not os.path.isfile(args.peer):
+        raise UserError(f"--peer {args.peer}: no such file; give the path of llm.c's train_gpt2.py (its "
+                        "PyTorch reference, github.com/karpathy/llm.c)")
+    # the paths given are the user's, from where they are: --report's sections run from the project root and
+    # the peer from a folder of its own
+    for option in ("report", "hellaswag_data", "peer"):
+        if getattr(args, option):
+            setattr(args, option, os.path.abspath(getattr(args, option)))
     if args.report:
         from gptlib import gpu_report
         return gpu_report.run(args.report, args.device, args.hellaswag_data, args.budget, args.commit,
@@ -589,6 +632,10 @@ def main():
     only = EVERYTHING if args.only is None else tuple(x for x in args.only.split(",") if x)
     if not only or set(only) - set(ONLY):
         raise UserError(f"--only {args.only}: parts are {', '.join(ONLY)}")
+    if "peer" in only and not args.peer:
+        raise UserError("--only peer needs --peer PATH: llm.c's train_gpt2.py, its PyTorch reference")
+    if args.peer and "peer" not in only:
+        raise UserError("--peer PATH is for --only peer or --report: add one of them")
     rt = runtime.setup(args.device)
     cuda = rt.kind == "cuda"
     skip = {s for s in args.skip.split(",") if s}
@@ -599,17 +646,19 @@ def main():
     compiles = "False" if "compile" in skip else "auto"  # generation's and CORE's --compile: on CUDA
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
-    B = args.B or (16 if cuda else 4)
+    B = args.B or (16 if cuda else 4)  # the ladder's
+    step_B = args.B or (64 if cuda else 8)  # the step's and the peer's: train_gpt2.py's micro-batch
     T = args.T or (1024 if cuda else 64)
     check_range("--T", T, 1, size["block_size"])  # the model's positions
-    step_B = args.step_B or (64 if cuda else 8)
     steps = args.steps or (10 if cuda else 3)  # the spread is small (its range is printed): 10 will do
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     name = device_name(rt.device)
     report = [f"# bench.py, {datetime.date.today()}", "",
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
-              f"({size['n_layer']} layers, {size['n_embd']} wide), B={B}, T={T}, median of {steps} steps "
-              f"after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
+              f"({size['n_layer']} layers, {size['n_embd']} wide), "
+              + "".join(f"{part} B={B if part == 'training' else step_B}, " for part in ONLY
+                        if part in only and part in ("training", "step", "peer"))
+              + f"T={T}, median of {steps} steps after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
     every = {k: v for _, switch in rungs(skip) for k, v in switch.items()}  # the step train_gpt2.py runs
     last_s, measured = {**BASE, **every}, {}  # measured: {(B, T, compiled): peak} for the memory part
@@ -643,15 +692,13 @@ def main():
                 print(line, flush=True)
             report += extra
         elif part == "peer":
-            if not args.peer:
-                raise UserError("--only peer needs --peer PATH: llm.c's train_gpt2.py, its PyTorch reference")
-            report += peer_cost(args.peer, rt, step_B, T, 20 if cuda else 4)
+            report += peer_cost(args.peer, rt, size, step_B, T, steps, warmup)
         elif part == "softmax":
             extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
             for line in extra:
                 print(line, flush=True)
             report += extra + [""]
-    said = f"compiling and warm-up: {WARMING[0]:.0f} s"  # gpu_report.py reads this line
+    said = f"compiling and warm-up: {WARMING[0]:.1f} s"  # gpu_report.py reads this line
     print(said, flush=True)
     finish(report + [said], args.out)
 

@@ -37,11 +37,16 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
     CPU: tiny sizes, no compile (minutes on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
-    quick = [] if cuda else ["--steps", "1", "--warmup", "1", "--skip", "compile"]
+    few = [] if cuda else ["--steps", "1", "--warmup", "1"]
+    quick = few + ([] if cuda else ["--skip", "compile"])
     tiny = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
             "--T=64", "--warmup_steps=1"]
-    script = (["--max_steps=10", "--warmup_steps=5", "--val_tokens=16384"] if cuda else
-              tiny + ["--B=4", "--total_batch_size=512", "--max_steps=4", "--val_tokens=256"])
+    # evaluations before the last step's, the first cold and a later one warm: their difference is the
+    # evaluations' compiling, which warming() counts (the one after the last step has no next step to time it)
+    script = (["--max_steps=10", "--warmup_steps=5", "--eval_interval=4", "--val_tokens=16384"] if cuda else
+              tiny + ["--B=4", "--total_batch_size=512", "--max_steps=4", "--eval_interval=1",
+                      "--val_tokens=256"])
+    peer_B, peer_T = (64, 1024) if cuda else (8, 64)
 
     def bench(name, *args):
         return [py, "bench.py", *args, *dev, "--out", os.path.join(out, f"{name}.md")]
@@ -50,22 +55,24 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
          [py, "-m", "pytest", "tests/test_gpu.py", "-v", "-n0", "-rA", "-p", "no:cacheprovider",
           "-o", "junit_family=legacy",  # the details the tests record go into the XML without a warning
           f"--junitxml={os.path.join(out, 'checks.xml')}"]),
-        ("training", "the ladder at B=16 and where its last rung's time goes, the step at B=64, memory (the "
-                     "estimates against both steps' peaks and an eager one), the softmax kernel's GB/s",
+        ("training", ("the ladder at B=16 and where its last rung's time goes, the step at B=64" if cuda else
+                      "the ladder and where its last rung's time goes, the step") + ", memory (the estimates "
+                     "against both steps' peaks and an eager one), the softmax kernel's GB/s",
          bench("training", "--only", "training,step,memory,softmax", *quick)),
         # the step at B=64 again, as a user runs it: its graphs are the training section's (a cache hit)
-        ("script", "train_gpt2.py's default recipe, its first 10 steps (B=64 x 8 micro-steps)" if cuda else
-         "train_gpt2.py, a tiny model's first steps",
-         [py, "train_gpt2.py", "--data_root=input.txt", "--eval_interval=1000", "--hellaswag=0",
-          "--checkpoint_interval=1000", f"--log_dir={os.path.join(out, 'script_log')}", *script]),
+        ("script", "train_gpt2.py's default recipe, its first 10 steps (B=64 x 8 micro-steps), evaluating "
+                   "every 4" if cuda else "train_gpt2.py, a tiny model's first steps, evaluating every step",
+         [py, "train_gpt2.py", "--data_root=input.txt", "--hellaswag=0", "--checkpoint_interval=1000",
+          f"--log_dir={os.path.join(out, 'script_log')}", *script]),
         ("generation", "generation, batch 1 and 8, --span at batch 8",
          bench("generation", "--only", "generation")),
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
          bench("core", "--only", "core", *data)),
     ] + ([] if peer is None else [
-        ("peer", "train_gpt2.py against llm.c's PyTorch reference at B=64, in turns, the same shards",
-         bench("peer", "--only", "peer", "--peer", peer, *([] if cuda else ["--T", "64"])))])
+        ("peer", f"train_gpt2.py against llm.c's PyTorch reference at B={peer_B}, T={peer_T}, in turns, the "
+                 "same shards",
+         bench("peer", "--only", "peer", "--peer", peer, "--B", str(peer_B), "--T", str(peer_T), *few))])
 
 
 def environment(device, commit):
@@ -119,13 +126,27 @@ def run_section(argv, log_path, deadline, cache):
 
 def warming(name, out):
     """Seconds a finished section spent compiling and warming up, or None where it cannot say (the checks):
-    bench.py's last line says it; the script's first step over its median, where its compiling falls."""
+    bench.py's last line says it; the script's records, script_warming."""
     if name == "script":
-        ms = [r["ms"] for r in logged_steps(metrics_path(os.path.join(out, "script_log")))]
-        return max(0.0, ms[0] - statistics.median(ms)) / 1000 if ms else None  # eager: ~0
+        return script_warming(metrics_path(os.path.join(out, "script_log")))
     with open(os.path.join(out, f"{name}.log")) as f:  # run_section wrote it
-        found = re.findall(r"^compiling and warm-up: (\d+) s$", f.read(), re.M)
+        found = re.findall(r"^compiling and warm-up: (\d+(?:\.\d+)?) s$", f.read(), re.M)
     return float(found[-1]) if found else None
+
+
+def script_warming(log_path):
+    """train_gpt2.py's compiling and warming up from its metrics.jsonl: its first step over the median of the
+    later ones, and its first evaluation over the median of the later ones (an evaluation's time: from its
+    step's record to the next step's, less that step), or None without two of each. Never negative: an
+    eager run's first step may be its fastest."""
+    steps = logged_steps(log_path)
+    evaluated = {r["step"] for r in read_log(log_path) if "val_loss" in r}
+    ms = [r["ms"] / 1000 for r in steps]
+    evaluations = [after["elapsed"] - before["elapsed"] - after["ms"] / 1000
+                   for before, after in zip(steps, steps[1:]) if before["step"] in evaluated]
+    if len(ms) < 2 or len(evaluations) < 2:
+        return None
+    return sum(max(0.0, times[0] - statistics.median(times[1:])) for times in (ms, evaluations))
 
 
 def logged_steps(log_path):
@@ -188,7 +209,7 @@ def write(out, env, command, done):
              "| --- | --- | --- | ---: | ---: |"]
     for name, record in done.items():
         result = "finished" if record["rc"] == 0 else f"FAILED (exit status {record['rc']})"
-        warm = "n/a" if record.get("warming") is None else f"{record['warming']:.0f} s"
+        warm = "n/a" if record.get("warming") is None else f"{record['warming']:.1f} s"
         lines.append(f"| [{name}](#{name}) | `{record['command']}` | {result} | {record['seconds']:.0f} s | "
                      f"{warm} |")
     total = sum(record["seconds"] for record in done.values())

@@ -1,14 +1,22 @@
 """bench.py: the report of a CPU run through its command line, and the pieces a CPU cannot reach in it (GPU
 kernel names, running out of GPU memory). gpu_check's parts that run on a CPU."""
+import contextlib
 import json
+import os
 import re
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
-from conftest import script
+from conftest import ROOT
 from gptlib.errors import UserError
 from gptlib.runtime import Runtime
+
+STANDIN = os.path.join(ROOT, "tests", "workers", "peer_standin.py")  # llm.c's reference as bench.py runs it
 
 
 def test_the_profiled_steps_go_to_a_trace_without_the_profilers_chatter(tmp_path, capfd):
@@ -78,6 +86,83 @@ def test_bench_bad_rung(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench.py", "--device", "cpu", "--skip", "warp"])
     with pytest.raises(UserError, match="rungs are fp32, tf32, bf16, flash, compile, vocab, fused"):
         bench.main()
+
+
+def test_the_step_runs_at_the_B_given(monkeypatch, capsys):
+    """One flag, --B, for every part's micro-batch: --only step --B 2 runs the step at B=2 (it took --step_B's
+    64, or a CPU's 8, whatever --B said), and --help says so."""
+    import bench
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device", "cpu", "--only", "step", "--B", "2",
+                                      "--T", "16", "--steps", "1", "--warmup", "0", "--skip", "compile"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert re.search(r"^\| every rung, B=2 \| [\d.]+ \|", out, re.M) and "step B=2, T=16" in out, out
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--help"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "the step's and the peer's 64" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_peer_from_another_folder_by_a_relative_path(tmp_path, monkeypatch, capsys):
+    """--only peer --peer PATH, PATH relative to the user's folder (not the project's, not the peer's own
+    run's: FileNotFoundError at 0bcff65), against the stand-in (tests/workers/peer_standin.py): its steps
+    counted after the warm-up --warmup says and timed over --steps, their warm-up in the process's compiling
+    line, no peak memory off CUDA ("0 MiB" was the peer's), the real B in the title, the vocabularies beside
+    the ratio; our runs stop at their last step (no checkpoint, evaluation, samples or report after it). A
+    missing file is one line before anything runs."""
+    import bench
+    monkeypatch.chdir(tmp_path)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda: contextlib.nullcontext(str(shards)))  # kept
+    monkeypatch.setattr(bench, "WARMING", [0.0])
+    peer = os.path.relpath(STANDIN, tmp_path)
+    assert not os.path.isabs(peer) and os.path.isfile(tmp_path / peer)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device", "cpu", "--only", "peer", "--peer", peer,
+                                      "--B", "2", "--T", "32", "--steps", "1", "--warmup", "1"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert (f"train_gpt2.py against llm.c's PyTorch reference ({STANDIN}), ours 2 layers 64 wide against "
+            "its d12 (GPT-2 124M): a smoke test, the figures mean nothing, B=2, T=32, fp32; 2 rounds in "
+            "turns, each run's median of 1 steps after 1 warm-up:") in out, out
+    rows = dict(re.findall(r"^\| (train_gpt2.py|llm.c's train_gpt2.py) \| ([\d,]+) \| [\d.]+ "
+                           r"\([\d.]+, [\d.]+\) \| [\d,]+ \| n/a \|$", out, re.M))
+    assert rows == {"train_gpt2.py": "50,304", "llm.c's train_gpt2.py": "50,257"}, out
+    assert re.search(r"^train_gpt2.py is [\d.]+x the reference's speed, its vocabulary padded to 50,304 "
+                     r"where llm.c's d12 uses 50,257: the ratio includes that padding$", out, re.M)
+    # each of the stand-in's two runs: a first step 0.5 s, the others 20 ms
+    warm = float(re.search(r"^compiling and warm-up: ([\d.]+) s$", out, re.M).group(1))
+    assert 0.9 <= warm, out
+    for r in (0, 1):
+        log = shards / f"ours{r}"
+        records = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in records if "ms" in x] == [1, 2]
+        assert not [x for x in records if "val_loss" in x or "samples" in x], records
+        assert not list(log.glob("model_*")) and not (log / "report.md").exists()
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device", "cpu", "--only", "peer", "--peer",
+                                      "no/such.py"])
+    with pytest.raises(UserError, match=r"^--peer no/such.py: no such file; give the path of llm.c's"):
+        bench.main()
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--device", "cpu", "--only", "step", "--peer", peer])
+    with pytest.raises(UserError, match="--peer PATH is for --only peer or --report"):
+        bench.main()
+
+
+def test_hellaswag_cost_counts_its_cold_evaluation(monkeypatch):
+    """HellaSwag's first evaluation in the process over its later ones is compiling and warming up (it never
+    counted: the report's column said 0 s)."""
+    import bench
+    import hellaswag
+    waits = iter([0.4, 0.05, 0.05])
+
+    def evaluate(model, prepared, rt):
+        time.sleep(next(waits))
+        return {"acc_norm": 0.25}
+    monkeypatch.setattr(hellaswag, "evaluate", evaluate)
+    monkeypatch.setattr(bench, "WARMING", [0.0])
+    bench.hellaswag_cost(dict(n_layer=1, n_head=2, n_embd=16, block_size=128), Runtime(), None, 8, n=8)
+    assert 0.3 < bench.WARMING[0] < 0.5, bench.WARMING
 
 
 def test_breakdown_parts():
@@ -251,21 +336,32 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
 
 @pytest.mark.slow
 def test_report_runs_every_section_and_continues(tmp_path, capsys):
-    """bench.py --report on a CPU, at its tiny size: every section in its own process, its raw output kept,
-    report.md naming the commit and each command; a rerun runs nothing it holds; a budget stops the section
-    running (exit 2) and the rerun finishes it (those reruns call gpu_report.run, what the command runs)."""
+    """bench.py --report on a CPU, at its tiny size, from a folder other than the project's, the report's and
+    the peer's paths relative to it (each section runs from the project root, where --peer named no file at
+    0bcff65): every section in its own process, its raw output kept, report.md naming the commit and each
+    command, and each section's compiling and warm-up from its own first and later iterations (HellaSwag's
+    and the peer's were always 0); a rerun runs nothing it holds; a budget stops the section running (exit 2)
+    and the rerun finishes it (those reruns call gpu_report.run, what the command runs)."""
     from gptlib import gpu_report
     out = tmp_path / "r"
-    r = script("bench.py", "--report", str(out), "--device", "cpu", "--commit", "abc1234")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--report", "r", "--device", "cpu",
+                        "--commit", "abc1234", "--peer", os.path.relpath(STANDIN, tmp_path)], cwd=tmp_path,
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    names = ["checks", "training", "script", "generation", "hellaswag", "core"]
+    names = ["checks", "training", "script", "generation", "hellaswag", "core", "peer"]
     row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \| "
-                     r"(n/a|\d+ s) \|$", re.M)
+                     r"(n/a|[\d.]+ s) \|$", re.M)
     report = (out / "report.md").read_text()
     assert [(m.group(1), m.group(3)) for m in row.finditer(report)] == [(n, "finished") for n in names]
     warm = {m.group(1): m.group(4) for m in row.finditer(report)}  # compiling and warm-up, where it is known
     assert warm["checks"] == "n/a" and all(warm[n] != "n/a" for n in names[1:]), warm
-    assert re.search(r"^6 sections, \d+ s in all", report, re.M)
+    warming = {name: json.loads((out / f"{name}.json").read_text())["warming"] for name in names}
+    cold, *later = map(float, re.search(r"^\| [\d.]+ s \| ([\d.]+) s \| ([\d.]+) s, ([\d.]+) s \| [\d,]+ \|$",
+                                        report, re.M).groups())  # HellaSwag's evaluations
+    hellaswag = max(0.0, cold - statistics.median(later))
+    assert abs(warming["hellaswag"] - hellaswag) <= 0.06, (cold, later, warming)
+    assert warming["peer"] >= 0.9, warming  # the stand-in's first step: 0.5 s over its others, in each run
+    assert re.search(r"^7 sections, \d+ s in all", report, re.M)
     assert (out / "inductor_cache").is_dir()  # every section's compiles go there
     assert "commit abc1234" in report and "torch " in report
     for name in names:
@@ -282,26 +378,31 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert re.search(r"^\| eager \| 8 \| 64 \| [\d.]+ GiB \| n/a \| n/a \|$", report, re.M)  # the step's
     assert re.search(r"^\| 124M \| 124,475,904 \| [\d.]+ GiB \| [\d.]+ GiB \| \d+ / \d+ \| 75 / \d+ \| ",
                      report, re.M)
-    assert re.search(r"^\| [\d.]+ s \| [\d.]+ s \| [\d.]+ s, [\d.]+ s \| [\d,]+ \|$", report, re.M)  # HellaSwag
     assert re.search(r"^CORE \(80 examples in 5 tasks, .*, eager, \d+ threads tokenizing", report, re.M)
     assert re.search(r"^\| 4 \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| [\d,]+ \| -?[\d.]+ \|$", report, re.M)
+    assert "train_gpt2.py against llm.c's PyTorch reference at B=8, T=64, in turns, the same shards" in report
+    assert re.search(r"^\| llm.c's train_gpt2.py \| 50,257 \| [\d.]+ \([\d.]+, [\d.]+\) \| [\d,]+ \| n/a \|$",
+                     report, re.M), report
     ladder_checks((out / "training.md").read_text())
 
     capsys.readouterr()
-    assert gpu_report.run(str(out), "cpu", commit="abc1234") == 0
+    assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
     assert "== " not in capsys.readouterr().out
     (out / "hellaswag.json").unlink()
-    assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234") == 2
+    assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234", peer=STANDIN) == 2
     assert "stopped at the budget during hellaswag" in capsys.readouterr().out
     assert not (out / "hellaswag.json").exists()
     assert "| [hellaswag]" not in (out / "report.md").read_text()  # a stopped section is not shown
-    assert gpu_report.run(str(out), "cpu", commit="abc1234") == 0
+    assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
-    # an eager script's first step may be its fastest: no compiling, not a negative time (flaky at 1181ac5)
+    # the script's: its first step over the later ones' median, never negative (an eager first step may be
+    # the fastest: flaky at 1181ac5), and its first evaluation over the later ones' (the step after each less)
     with open(out / "script_log" / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps({"step": i, "loss": 1.0, "ms": ms}) + "\n"
-                     for i, ms in enumerate((90, 300, 200), 1))
-    assert gpu_report.warming("script", str(out)) == 0.0
+        f.writelines(json.dumps(record) + "\n" for i, ms, elapsed in ((1, 90, 0.09), (2, 300, 2.39),
+                                                                      (3, 200, 3.09), (4, 210, 3.9))
+                     for record in ({"step": i, "loss": 1.0, "ms": ms, "elapsed": elapsed},
+                                    {"step": i, "val_loss": 1.0}))
+    assert gpu_report.warming("script", str(out)) == pytest.approx(2.0 - statistics.median([0.5, 0.6]))
     (tmp_path / "a_file").write_text("")
     with pytest.raises(UserError, match="a_file is not a folder that can be written: choose another folder"):
         gpu_report.run(str(tmp_path / "a_file" / "r"), "cpu")

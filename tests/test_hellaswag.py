@@ -1,3 +1,4 @@
+import itertools
 import json
 import os
 import re
@@ -109,9 +110,14 @@ def test_batched_equals_unbatched(models, batch_size):
     assert len({p[1] for p in ref["predictions"]}) > 1  # the model does not answer the same for everything
 
 
-def test_progress_into_a_redirected_log_is_a_line_or_two(model, capsys):
+def test_progress_into_a_redirected_log_is_a_line_or_two(model, capsys, monkeypatch):
     """Into a file (not a terminal) the progress bar writes its first and last state, not one update a batch
-    (1,256 lines for HellaSwag's 10,042 at db9da80)."""
+    (1,256 lines for HellaSwag's 10,042 at db9da80, a line a batch at 234821a): tqdm's clock goes 0.5 s on at
+    each look, so every batch takes longer than a terminal's 0.1 s between updates, and all of them together
+    less than a log's 30 s."""
+    import tqdm.std
+    looks = itertools.count()
+    monkeypatch.setattr(tqdm.std, "time", lambda: 0.5 * next(looks))  # what each new bar reads the time with
     examples = [hellaswag.normalize(example(i), "t") for i in range(20)]
     prepared = hellaswag.prepare(examples, Runtime(), 1, model.config.block_size)
     assert len(prepared.batches) >= 10
