@@ -113,17 +113,17 @@ def main(argv=None):
     returns the process's exit status."""
     # ------------------------------------ processes, device, settings, and the run in log_dir to continue
     given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
-    named, said = settings.run_command(Settings, given)  # a resume: the run's own flags, then these
-    rt = runtime.setup(**settings.runtime_options(Settings, named))  # process group, this rank's GPU, dtype
-    s, chosen, notes = settings.resolve(Settings, named, rt, said)  # presets, fallbacks, every check
+    recorded, said = settings.run_flags(Settings, given)  # a resume: the run's own flags, replayed first
+    rt = runtime.setup(**settings.runtime_options(Settings, recorded, given))  # processes, GPU, dtype
+    s, chosen, notes = settings.resolve(Settings, recorded, given, rt, said)  # presets, fallbacks, checks
     hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
-    s, resume = continue_run(s, chosen, given, rt)  # None, or the run in log_dir; the weights' shape
+    s, resume = continue_run(s, chosen, rt)  # None, or the run in log_dir; the weights' shape
     if resume is not None and resume.finished:  # and evaluated
         return 0
-    s, fitted = settings.fit(s, chosen, given, rt, resume)  # the GPU's B, the disk, the val split; changes
+    s, fitted = settings.fit(s, chosen, rt, resume)  # the GPU's B, the disk, the val split; what changed
 
     # ---------------------------------------------------------- model, data, optimizers, log: decided once
-    run = start_run(s, rt, resume, named, notes + fitted)
+    run = start_run(s, rt, resume, {**recorded, **given}, notes + fitted)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         with run.log:
             evaluate(run)

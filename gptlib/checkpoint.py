@@ -169,13 +169,14 @@ def next_step(path, option):
     folder = os.path.dirname(path) or "."
     found = checkpoints(folder)
     where = [os.path.abspath(p) for p in found]
-    earlier = found[:where.index(os.path.abspath(path))] if os.path.abspath(path) in where else found
-    for candidate in reversed(earlier):
+    ours = os.path.abspath(path) in where  # a model_N.pt: only those before it; another name: any beside it
+    for candidate in reversed(found[:where.index(os.path.abspath(path))] if ours else found):
         try:
             load_checkpoint(candidate)
         except CheckpointError:
             continue
-        return f"; {candidate}, an earlier one beside it, verifies: {option} {candidate} picks it"
+        return (f"; {candidate}, {'an earlier one' if ours else 'another'} beside it, verifies: {option} "
+                f"{candidate} picks it")
     return f"; no earlier checkpoint in {folder} verifies: restore this one from a copy, or train it again"
 
 
@@ -343,20 +344,20 @@ class Resume:
         return self.step
 
 
-def continue_run(s, chosen, given, rt):
+def continue_run(s, chosen, rt):
     """(settings, Resume or None): whether this run continues the one in log_dir, decided before any model is
     built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
-    command again continues it, a fine-tune too): unless this command (given) names --init_from=scratch, or
+    command again continues it, a fine-tune too): unless this command names --init_from=scratch, or
     init_from names other weights than those the run started from (both refused: they would start a second
-    run whose checkpoints rotation mixes with the first's). The settings keep the run's origin in init_from.
-    Rank 0 reads the newest checkpoint that verifies and shares the verdict; a finished run ends here. A run
-    from weights (a fine-tune, a resume of one) has their shape; a shape the user chose (chosen) that
-    differs is refused."""
+    run whose checkpoints rotation mixes with the first's), or a setting it cannot change differs from the
+    run's (refuse_fixed). The settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint
+    that verifies and shares the verdict; a finished run ends here. A run from weights (a fine-tune, a resume
+    of one) has their shape; a shape the user chose (chosen: {name: where}) that differs is refused."""
     existing = checkpoints(s.log_dir)
     if s.eval_only and existing:
         raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
-    if s.init_from == "scratch" and existing and "init_from" in given:
+    if s.init_from == "scratch" and existing and chosen.get("init_from") == "this command":
         raise UserError(f"{s.log_dir} holds checkpoints of an earlier run; --init_from=resume continues it, "
                         "or choose another --log_dir")
     if not existing:
@@ -373,6 +374,7 @@ def continue_run(s, chosen, given, rt):
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, chosen, meta["model_config"], s.init_from)
+    refuse_fixed(meta["config"], s, chosen)
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -383,29 +385,38 @@ def continue_run(s, chosen, given, rt):
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def resume_changes(resume, s, where, block, world_size):
-    """Notes of what this start-up changes in the run it resumes, its saved settings compared with s once
-    (after every preset, fallback and fit: a setting lowered again is no change), each change with where it
-    came from: where[name] ("this command", a preset, the settings block), else the settings block (s holds
-    its value: an edit since) or this machine (a fit, the device, a fallback). A change of a FIXED setting is
-    a UserError listing every one and the two ways out. A device or dtype saved as "auto" (before they were
-    resolved) is no change."""
-    saved, now = resume.meta["config"], dataclasses.asdict(s)
-    for path in ("data_root", "log_dir"):  # ./input.txt is input.txt
-        if path in saved and same_path(saved[path], now[path]):
-            now[path] = saved[path]
-    def source(k):
-        return where.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
+def refuse_fixed(saved, s, chosen):
+    """A UserError if settings s change what the run saved with settings `saved` (a dict) cannot change
+    (FIXED), listing every difference, where the new value came from (chosen: {name: where}, else the
+    settings block) and the two ways out; before anything is fitted, read or built."""
+    now = dataclasses.asdict(s)
+    if "data_root" in saved and same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
+        now["data_root"] = saved["data_root"]
     was = {k: saved.get(k, before) for k, before in FIXED.items()}
     fixed = [k for k in FIXED if was[k] != now[k]]
     if fixed:
         raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k)})" for k in fixed)
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {chosen.get(k, 'the settings block')})"
+                                    for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={was[k]}" for k in fixed)
                         + ") to continue that run, or start a new one with --log_dir=NEW")
+
+
+def resume_changes(resume, s, chosen, block, world_size):
+    """Notes of what this start-up changes in the run it resumes (what it cannot change: refuse_fixed), its
+    saved settings compared with s once, after every preset, fallback and fit (a setting lowered again is no
+    change), each change with where it came from: chosen[name] (this command, a preset, the settings block),
+    else the settings block (s holds its value: an edit since) or this machine (a fit, the device, a
+    fallback). The log_dir is the run's wherever it is named from; a device or dtype saved as "auto" (before
+    they were resolved) is no change."""
+    saved, now = resume.meta["config"], dataclasses.asdict(s)
+
+    def source(k):
+        return chosen.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k)})" for k, v in now.items()
-               if k != "init_from" and k in saved and saved[k] not in (v, "auto")]
+               if k not in FIXED and k not in ("init_from", "log_dir") and k in saved
+               and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != world_size:
         notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> {world_size}")

@@ -18,6 +18,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -106,22 +107,24 @@ def run_section(argv, log_path, deadline, cache):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=env, start_new_session=True)
-        try:
-            for line in p.stdout:  # a line at a time: the log holds what ran even if we are killed
+
+        def copy():  # a line at a time: the log holds what ran even if we are killed
+            for line in p.stdout:
                 log.write(line)
                 log.flush()
                 sys.stdout.write(line)
                 sys.stdout.flush()
-                if deadline is not None and time.time() > deadline:
-                    raise TimeoutError
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        try:  # the deadline holds while the section prints nothing (a compile, the peer's rounds)
             return p.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
-        except (TimeoutError, subprocess.TimeoutExpired):
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        except subprocess.TimeoutExpired:
             return None
         finally:
-            if p.poll() is None:  # interrupted (Ctrl-C): nothing of ours is left running
+            if p.poll() is None:  # the deadline, or interrupted (Ctrl-C): nothing of ours is left running
                 os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            reader.join()
 
 
 def warming(name, out):

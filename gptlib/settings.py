@@ -64,6 +64,7 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
 KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
+PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # files or folders, relative to the cwd
 
 
 def settings_type(block):
@@ -79,55 +80,60 @@ def defaults(Settings):
 # ------------------------------------------------------------------------------------------------------------
 # the whole resolution, in order
 
-def run_command(Settings, given):
-    """(named, notes): the flags that name this run's settings. A resume's are the run's own, recorded in its
-    newest checkpoint (its first command's, then each resume's), then this command's (given), which win: the
-    run's own command typed again, with these after it. The log_dir is this command's."""
-    log_dir = given.get("log_dir", defaults(Settings)["log_dir"])
-    recorded, path = recorded_flags(log_dir)
+def run_flags(Settings, given):
+    """(recorded, notes): the flags the run in log_dir named ({} for none), which a resume replays before
+    this command's (given): its commands' flags, recorded in its newest checkpoint (the first command's, then
+    each resume's). Not for a command that starts afresh or only evaluates (refused later, in its own
+    words)."""
+    if given.get("init_from") == "scratch" or given.get("eval_only"):
+        return {}, []
+    block = defaults(Settings)
+    recorded, path = recorded_flags(given.get("log_dir", block["log_dir"]))
     if recorded is None:  # written before the flags were recorded
-        return given, [f"{path} predates recorded command lines: this resume runs with this command's flags "
-                       f"alone, so repeat every --NAME=VALUE the run's first command named"]
-    unknown = sorted(set(recorded) - set(defaults(Settings)))
+        return {}, [f"{path} predates recorded command lines: this resume runs with this command's flags "
+                    f"alone, so repeat every --NAME=VALUE the run's first command named"]
+    unknown = [k for k, v in recorded.items() if k not in block or type(v) is not type(block[k])]
     if unknown:
-        raise UserError(f"{path} was started with --{unknown[0]}, a setting this train_gpt2.py does not "
-                        f"have: continue it with the code that wrote it, or start afresh with --log_dir=NEW")
-    return {**recorded, **given}, []
+        raise UserError(f"{path} was started with --{unknown[0]}={recorded[unknown[0]]!r}, which this "
+                        f"train_gpt2.py does not take: continue it with the code that wrote it, or start "
+                        f"afresh with --log_dir=NEW")
+    return recorded, []
 
 
-def runtime_options(Settings, named):
-    """runtime.setup's arguments from the settings block and the flags (named): the device, the dtype and the
-    collective timeout, which setting up the processes needs before anything else."""
-    asked = {**defaults(Settings), **named}
+def runtime_options(Settings, recorded, given):
+    """runtime.setup's arguments from the settings block and the flags (the run's recorded, then this
+    command's): the device, the dtype and the collective timeout, which setting up the processes needs before
+    anything else."""
+    asked = {**defaults(Settings), **recorded, **given}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
     return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
 
 
-def resolve(Settings, named, rt, notes=()):
-    """(settings, chosen, notes): the settings block, then the flags (named), the presets, the fallbacks and
-    every check (combine), for this runtime; chosen: {name: where the user chose it}. Each NOTE (the
-    runtime's, then those given, then combine's) is printed and returned for the log."""
-    s, chosen, own = combine(Settings, named, rt)
+def resolve(Settings, recorded, given, rt, notes=()):
+    """(settings, chosen, notes): the settings block, then the run's recorded flags and this command's
+    (given), the presets, the fallbacks and every check (combine), for this runtime; chosen: {name: where the
+    user chose it}. Each NOTE (the runtime's, then those given, then combine's) is printed and returned for
+    the log."""
+    s, chosen, own = combine(Settings, recorded, given, rt)
     notes = rt.notes + list(notes) + own
     for note in notes:
         print0(f"NOTE: {note}")
     return s, chosen, notes
 
 
-def fit(s, chosen, given, rt, resume):
+def fit(s, chosen, rt, resume):
     """(settings, notes) once the run to continue (resume, or None) and the weights' shape are known: the
     micro-batch that fits the GPU, the disk's room for checkpoints and the validation split's size, then
-    what a resume changes, compared once with its saved settings (after the fits: a setting start-up lowers
-    again, B or val_tokens, is no change; given: this command's flags, to say where a change came from) and a
-    warm-up that outlasts the run. Each NOTE is printed and returned for the log."""
+    what a resume changes from its saved settings (after the fits: a setting start-up lowers again, B or
+    val_tokens, is no change; chosen says where a change came from) and a warm-up that outlasts the run. Each
+    NOTE is printed and returned for the log."""
     s, notes = fit_memory(s, chosen, rt)  # a B the GPU holds, found before minutes of compiling
     if not s.eval_only:
         notes += space_note(s.log_dir, count_params(model_shape(s)))
     s, val_notes = one_validation_pass(s)
     notes += val_notes
-    if resume is not None:  # a change the run cannot take is a UserError
-        where = {**chosen, **dict.fromkeys(given, "this command")}
-        notes += resume_changes(resume, s, where, defaults(type(s)), rt.world_size)
+    if resume is not None:  # what it cannot take was refused in continue_run
+        notes += resume_changes(resume, s, chosen, defaults(type(s)), rt.world_size)
     if not s.eval_only and s.warmup_steps >= s.max_steps:
         notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
                      f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")
@@ -208,22 +214,30 @@ def parse_overrides(argv, Settings, script):
                 overrides[key] = kind(value)
         except ValueError:
             raise UserError(f"--{key}={value!r} is not {KINDS[kind]} (default: {block[key]!r})") from None
-    return overrides
+    return absolute(overrides)
+
+
+def absolute(values):
+    """values with each path setting that names an existing file or folder made absolute: a path is relative
+    to the folder the command runs from, and a resume may run from another (its flags and settings record
+    the file itself)."""
+    return {k: os.path.abspath(v) if k in PATHS and v not in ("", "scratch", "resume") and os.path.exists(v)
+            else v for k, v in values.items()}
 
 
 # ------------------------------------------------------------------------------------------------------------
 # presets, fallbacks, checks
 
-def combine(Settings, named, rt):
-    """(settings, chosen, notes): the settings block, then the flags (named), the size and recipe presets,
-    the fallbacks without data or a GPU, the checks, and whether torch.compile works here, in that order, with
-    the device kind and dtype rt runs. chosen: {name: where} of each setting the user chose, which the presets
-    and fallbacks keep: edited in the block (off SHIPPED), named, or set by a preset that was. A setting that
-    cannot work is a UserError."""
+def combine(Settings, recorded, given, rt):
+    """(settings, chosen, notes): the settings block, then the run's recorded flags and this command's
+    (given), the size and recipe presets, the fallbacks without data or a GPU, the checks, and whether
+    torch.compile works here, in that order, with the device kind and dtype rt runs. chosen: {name: where} of
+    each setting the user chose, which the presets and fallbacks keep: edited in the block (off SHIPPED),
+    named by a command, or set by a preset that was. A setting that cannot work is a UserError."""
     block = defaults(Settings)
     chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
-              **{k: "the command line" for k in named}}
-    cfg, chosen = apply_presets({**block, **named}, chosen)
+              **dict.fromkeys(recorded, "the run's command"), **dict.fromkeys(given, "this command")}
+    cfg, chosen = apply_presets({**absolute(block), **recorded, **given}, chosen)
     cfg, notes = apply_fallbacks(cfg, chosen, rt)
     validate(cfg, rt)
     if cfg["compile"] and rt.kind == "mps":
@@ -280,7 +294,7 @@ def apply_fallbacks(cfg, chosen, rt):
         kept.setdefault(chosen[k], []).append(f"{k}={cfg[k]!r}")
     if changed:
         notes.append(f"settings for {' and '.join(why)}: "
-                     + (", ".join(f"{k}={v!r}" for k, v in changed.items()) or "none changed")
+                     + ", ".join(f"{k}={v!r}" for k, v in changed.items())
                      + "".join(f"; kept from {where}: {', '.join(names)}" for where, names in kept.items()))
     cfg = {**cfg, **changed}
     fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)

@@ -432,3 +432,16 @@ def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
     assert "a step's peak GPU memory 2.00 GiB (rank 0)" in text
     assert gpu_report.script_steps(str(log), skip=3) == [
         "median of steps 4-5: 104.5 ms/step, 80 tok/s, MFU 40.0%; a step's peak memory 2.00 GiB"]
+
+
+@pytest.mark.slow
+def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path):
+    """--budget's deadline holds while a section is silent (the peer's rounds print nothing for minutes; the
+    deadline was checked only when a line came), and the section's log keeps what it printed."""
+    from gptlib import gpu_report
+    started = time.time()
+    status = gpu_report.run_section([sys.executable, "-c", "import time; print('start', flush=True); "
+                                     "time.sleep(60); print('end')"], str(tmp_path / "s.log"),
+                                    time.time() + 2, str(tmp_path))
+    assert status is None and time.time() - started < 20
+    assert (tmp_path / "s.log").read_text() == "start\n"

@@ -105,7 +105,8 @@ def test_fsdp_matches_ddp(runs):
 
 
 def test_fsdp_checkpoint_resumes_under_ddp(runs, tmp_path, text):
-    """Step 6's checkpoint of the FSDP run continues under DDP and ends where the DDP run ended. (The other
+    """Step 6's checkpoint of the FSDP run continues under DDP (--fsdp=False: a resume replays the run's own
+    --fsdp=True) and ends where the DDP run ended. (The other
     way round is the elastic restart below: the files are the same whoever wrote them, see the test above)."""
     d, data, _ = runs
     log = tmp_path / "log"
@@ -113,8 +114,9 @@ def test_fsdp_checkpoint_resumes_under_ddp(runs, tmp_path, text):
     for path in checkpoints(log):
         if not path.endswith("model_000006.pt"):
             os.remove(path)
-    r = torchrun(args(text, data, log), cwd=tmp_path)
-    assert f"resuming from {log}/model_000006.pt" in r.stdout and "NOTE: fsdp changed" in r.stdout
+    r = torchrun(args(text, data, log) + ["--fsdp=False"], cwd=tmp_path)  # the run's own flag replayed: named
+    assert f"resuming from {log}/model_000006.pt" in r.stdout
+    assert "NOTE: changed since the checkpoint: fsdp True -> False (this command)" in r.stdout
     compare(d / "ddp", log)
     assert loss_steps(log) == list(range(1, 9))
 

@@ -39,7 +39,7 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert start["config"]["n_layer"] == 2 and start["config"]["max_steps"] == 30  # the command line's, kept
     assert start["fallbacks"][:2] == ["no shards in edu_fineweb10B/ (run `python fineweb.py` to make them): "
                                       "training on input.txt", "no CUDA device: training on the CPU"]
-    assert "; kept from the command line: total_batch_size=256, B=4, T=32, " in start["fallbacks"][2]
+    assert "; kept from this command: total_batch_size=256, B=4, T=32, " in start["fallbacks"][2]
     loss = losses(log)
     assert sorted(loss) == list(range(1, 31))
     assert sum(loss[s] for s in range(26, 31)) / 5 < sum(loss[s] for s in range(1, 6)) / 5 - 1.0  # it learns
@@ -272,8 +272,11 @@ def test_what_a_resume_may_change():
     saved = dict(block, B=4)
 
     def changes(now, given=(), world=1, config=saved):
-        resume = SimpleNamespace(meta={"config": config, "world_size": world}, step=0)
-        return checkpoint.resume_changes(resume, Settings(**now), dict.fromkeys(given, "this command"), block, 1)
+        """continue_run's refusal, then fit's NOTEs, for settings now against the saved config."""
+        resume, chosen = SimpleNamespace(meta={"config": config, "world_size": world}, step=0), dict.fromkeys(
+            given, "this command")
+        checkpoint.refuse_fixed(config, Settings(**now), chosen)
+        return checkpoint.resume_changes(resume, Settings(**now), chosen, block, 1)
     assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
         "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
     said = changes(dict(saved, B=64, max_lr=1e-3))
@@ -289,7 +292,7 @@ def test_what_a_resume_may_change():
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
     assert changes(saved, config=old) == []
-    with pytest.raises(UserError, match="untied_head=False \\(now True, this machine\\)"):
+    with pytest.raises(UserError, match="untied_head=False \\(now True, the settings block\\)"):
         changes(dict(saved, untied_head=True), config=old)
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
     now = dict(saved, device="cpu", dtype="fp32")
@@ -641,7 +644,7 @@ def test_compile_is_not_used_on_an_apple_gpu(text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
     from gptlib.runtime import Runtime
-    s, _, notes = settings.combine(train_gpt2.Settings, {"compile": True, "data_root": text},
+    s, _, notes = settings.combine(train_gpt2.Settings, {}, {"compile": True, "data_root": text},
                                    Runtime(kind="mps", device="mps"))
     assert s.compile is False
     assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
@@ -665,7 +668,7 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     assert start["config"]["n_embd"] == start["model_config"]["n_embd"] == 32
     assert '"n_layer": 2' in out and "NOTE: no CUDA device: training on the CPU" in out
     assert "n_layer=4" not in out  # the CPU's small model is not the weights'
-    with pytest.raises(UserError, match=f"n_layer=3 \\(the command line\\), but {weights} has n_layer=2: "
+    with pytest.raises(UserError, match=f"n_layer=3 \\(this command\\), but {weights} has n_layer=2: "
                                         "the weights decide"):
         train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
     torch.manual_seed(0)
@@ -773,24 +776,31 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
 def test_extending_a_fine_tune_keeps_what_its_command_named(tmp_path, monkeypatch, capsys, text, reference):
     """A resume runs as if the run's own command were typed again with this one's flags after it: a
     fine-tune started with its data, a tiny shape, --max_lr, --B, --compile=False, --hellaswag_data and
-    --tracker, extended with --max_steps alone from a folder without edu_fineweb10B/, keeps every one (read
-    from its records, as its checkpoint records the flags); naming --max_lr then changes it, in one NOTE."""
+    --tracker, extended with --max_steps alone from another folder (no edu_fineweb10B/ there, and a play.txt
+    of other text), keeps every one (read from its records, as its checkpoint records the flags), its files
+    the first folder's; naming --max_lr then changes it, in one NOTE."""
     *_, weights = checkpoints(reference[2])
-    data = tmp_path / "hs.jsonl"
-    data.write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
-    monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here: the no-shards fallback would take input.txt
+    first, other = tmp_path / "first", tmp_path / "other"
+    for folder in (first, other):
+        folder.mkdir()
+    shutil.copy(text, first / "play.txt")
+    (other / "play.txt").write_text("Another text altogether. " * 2000)
+    (first / "hs.jsonl").write_text('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 0}\n')
+    monkeypatch.chdir(first)
     log = str(tmp_path / "ft")
-    first = {"data_root": text, "init_from": weights, "n_layer": 2, "n_embd": 32, "T": 32, "B": 2,
-             "total_batch_size": 128, "max_lr": 1e-3, "compile": False, "hellaswag_data": str(data),
+    typed = {"data_root": "play.txt", "init_from": weights, "n_layer": 2, "n_embd": 32, "T": 32, "B": 2,
+             "total_batch_size": 128, "max_lr": 1e-3, "compile": False, "hellaswag_data": "hs.jsonl",
              "tracker": "tensorboard", "val_tokens": 256, "hellaswag": 0}
-    assert train_gpt2.main([f"--{k}={v}" for k, v in first.items()] + ["--max_steps=2", f"--log_dir={log}"]) == 0
+    assert train_gpt2.main([f"--{k}={v}" for k, v in typed.items()] + ["--max_steps=2", f"--log_dir={log}"]) == 0
+    ran = {**typed, "data_root": str(first / "play.txt"), "hellaswag_data": str(first / "hs.jsonl")}
     capsys.readouterr()
+    monkeypatch.chdir(other)  # the paths typed were relative to the first folder
     assert train_gpt2.main(["--max_steps=4", f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
     starts = [r for r in records(log) if r.get("event") == "start"]
-    assert len(starts) == 2 and {k: starts[1]["config"][k] for k in first} == first
-    assert starts[1]["config"]["max_steps"] == 4 and starts[1]["flags"] == {**first, "max_steps": 4}
-    assert final_weights(log)["flags"] == {**first, "max_steps": 4}
+    assert len(starts) == 2 and {k: starts[0]["config"][k] for k in ran} == ran
+    assert {k: starts[1]["config"][k] for k in ran} == ran and starts[1]["config"]["max_steps"] == 4
+    assert starts[1]["flags"] == final_weights(log)["flags"] == {**ran, "max_steps": 4}
     assert os.listdir(os.path.join(log, "tensorboard"))  # the tracker ran in both
     assert "NOTE: changed since the checkpoint: max_steps 2 -> 4 (this command)\n" in said
     assert sum(line.startswith("NOTE: changed since") for line in said.splitlines()) == 1
@@ -840,7 +850,7 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
     kept = start["fallbacks"][2].split("; kept from the settings block: ")[1]
     assert sorted(kept.split(", ")) == ["eval_interval=1", "max_steps=2", "n_layer=1"]
     assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
-    s, _, notes = settings.combine(edited.Settings, {"compile": False}, Runtime(kind="cuda"))
+    s, _, notes = settings.combine(edited.Settings, {}, {"compile": False}, Runtime(kind="cuda"))
     assert (s.n_layer, s.max_steps, s.eval_interval, s.T) == (1, 2, 1, 256)  # input.txt's T: not edited
     assert notes[-1].endswith("; kept from the settings block: max_steps=2, eval_interval=1")
     (tmp_path / "b").mkdir()
@@ -869,8 +879,9 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
             ckpt = torch.load(path, weights_only=True)
             checkpoint.save_checkpoint({**{k: v for k, v in ckpt.items() if k != "checksum"}, "flags": flags},
                                        path)
-        named, notes = settings.run_command(train_gpt2.Settings, {**given, "log_dir": str(log)})
-        s, chosen, _ = settings.combine(train_gpt2.Settings, named, Runtime())
+        given = {**given, "log_dir": str(log)}
+        recorded, notes = settings.run_flags(train_gpt2.Settings, given)
+        s, chosen, _ = settings.combine(train_gpt2.Settings, recorded, given, Runtime())
         return s, notes
     s, notes = resolve({"recipe": "modern", "max_lr": 1e-2, "embed_lr": 0.01, "data_root": text},
                        {"recipe": "modern", "max_steps": 3})
@@ -882,9 +893,10 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
     assert s.max_lr == 3e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
                                           "lines: this resume runs with this command's flags alone, so repeat "
                                           "every --NAME=VALUE the run's first command named"]
-    with pytest.raises(UserError, match=r"model_000002.pt was started with --chunked_loss, a setting this "
-                                        r"train_gpt2.py does not have"):
-        resolve({"chunked_loss": True}, {})
+    for flags in ({"chunked_loss": True}, {"max_lr": "high"}):
+        with pytest.raises(UserError, match=rf"model_000002.pt was started with --{next(iter(flags))}=.*, which "
+                                            r"this train_gpt2.py does not take"):
+            resolve(flags, {})
 
 
 def test_rank_without_local_rank(monkeypatch):
