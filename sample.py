@@ -7,6 +7,7 @@
 
 sample() is the one sampling function: train_gpt2.py draws its evaluation samples with it.
 """
+import os
 import time
 
 import torch
@@ -78,7 +79,9 @@ def main():
             raise UserError(f"prompt file {prompt[5:]} does not exist") from None
     if args.model is None:  # what a user who just trained wants to see
         args.model = (checkpoints("log") or ["gpt2"])[-1]
-        print(f"sample: {args.model} (--model picks another)")
+        print(f"sample: {args.model} (--model picks another)" if args.model != "gpt2" else
+              f"sample: gpt2, OpenAI's weights: no checkpoint in {os.path.abspath('log')} (the log/ of the "
+              f"folder you run from; --model picks another)")
     rt = runtime.setup(args.device)
     for note in rt.notes:
         print(f"NOTE: {note}")

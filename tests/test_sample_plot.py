@@ -62,6 +62,13 @@ def test_sample_cli(checkpoint, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("sample: log/model_000012.pt (--model picks another)")
     assert out.split("-" * 80)[0].split("\n", 1)[1] == r.stdout.split("-" * 80)[0]
+    monkeypatch.chdir(tmp_path / "log")  # no log/ here: OpenAI's weights, and it says why (offline: one line)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="could not download GPT-2 weights 'gpt2'"):
+        sample.main()
+    assert capsys.readouterr().out.startswith(f"sample: gpt2, OpenAI's weights: no checkpoint in "
+                                              f"{tmp_path / 'log' / 'log'} (the log/ of the folder you run "
+                                              "from; --model picks another)")
 
 
 @pytest.mark.slow
