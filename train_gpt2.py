@@ -11,8 +11,8 @@ trains on input.txt and says so; under torchrun it stops in one line naming the 
 with the same log_dir continues from its latest checkpoint.
 
 What you edit in the settings block or name on the command line is what runs: the presets and the fallbacks
-(no GPU, no shards) fill in only the settings left untouched, and a resume runs as if the run's own command
-were typed again with this command's flags after it (docs/training.md, "What a resume cannot change").
+(no GPU, no shards) fill in only the settings left untouched, and a resume runs as if the run's own commands
+were typed again with this command's flags after them (docs/training.md, "What a resume cannot change").
 """
 import contextlib
 import dataclasses
