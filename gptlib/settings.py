@@ -25,7 +25,7 @@ from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
 from gptlib.checkpoint import MODEL, recorded_flags, resume_changes, space_note
 from gptlib.errors import UserError, check_range, valid_range
-from gptlib.runtime import print0
+from gptlib.runtime import broadcast_object, print0
 from gptlib.trackers import TRACKERS
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
@@ -113,7 +113,11 @@ def resolve(Settings, recorded, given, rt, notes=()):
     """(settings, chosen, notes): the settings block, then the run's recorded flags and this command's
     (given), the presets, the fallbacks and every check (combine), for this runtime; chosen: {name: where the
     user chose it}. Each NOTE (the runtime's, then those given, then combine's) is printed and returned for
-    the log."""
+    the log. Under torchrun the recorded flags are rank 0's: a node that does not see log_dir reads none (its
+    device, dtype and collective_timeout came from them already: name those again if the run's first command
+    did)."""
+    if rt.distributed:
+        recorded, notes = broadcast_object((recorded, notes), rt.patient)
     s, chosen, own = combine(Settings, recorded, given, rt)
     notes = rt.notes + list(notes) + own
     for note in notes:
