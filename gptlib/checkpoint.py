@@ -36,6 +36,7 @@ MODEL = ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 FIXED = {**dict.fromkeys(("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size")),
          "recipe": "gpt2", **{name: False for name in GPTConfig.MODERN},
          **dict.fromkeys(("T", "total_batch_size", "data_root", "shuffle", "seed", "optimizer"))}
+PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # settings naming files, from the cwd
 # GPTConfig fields that checkpoints of earlier versions hold and this one has not: how a run trained, not what
 # the model computes (chunked_loss: removed after one H100's A/B, 2026-11-26, measured it 0.923x)
 RETIRED = ("chunked_loss",)
@@ -368,13 +369,13 @@ def continue_run(s, chosen, rt):
         return s, None
     meta, ckpt = read_newest(s.log_dir, rt)
     origin = meta["config"].get("init_from", "scratch")  # "resume": written before origins were kept
-    if s.init_from not in ("scratch", "resume", origin) and origin != "resume":
+    if s.init_from not in ("scratch", "resume") and origin != "resume" and not same_path(s.init_from, origin):
         raise UserError(f"{s.log_dir} holds a run started from {origin}, not {s.init_from}: the same command "
                         f"(--init_from={origin}) continues it; start from {s.init_from} with --log_dir=NEW")
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, chosen, meta["model_config"], s.init_from)
-    refuse_fixed(meta["config"], s, chosen)
+    refuse_fixed(meta["config"], s, chosen, {f.name: f.default for f in dataclasses.fields(s)})
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -385,18 +386,16 @@ def continue_run(s, chosen, rt):
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def refuse_fixed(saved, s, chosen):
+def refuse_fixed(saved, s, chosen, block):
     """A UserError if settings s change what the run saved with settings `saved` (a dict) cannot change
-    (FIXED), listing every difference, where the new value came from (chosen: {name: where}, else the
-    settings block) and the two ways out; before anything is fitted, read or built."""
-    now = dataclasses.asdict(s)
-    if "data_root" in saved and same_path(saved["data_root"], now["data_root"]):  # ./input.txt is input.txt
-        now["data_root"] = saved["data_root"]
+    (FIXED), listing every difference, where the new value came from (source) and the two ways out; before
+    anything is fitted, read or built."""
+    now = same_paths(saved, dataclasses.asdict(s))
     was = {k: saved.get(k, before) for k, before in FIXED.items()}
     fixed = [k for k in FIXED if was[k] != now[k]]
     if fixed:
         raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {chosen.get(k, 'the settings block')})"
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, now, chosen, block)})"
                                     for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={was[k]}" for k in fixed)
@@ -410,11 +409,9 @@ def resume_changes(resume, s, chosen, block, world_size):
     else the settings block (s holds its value: an edit since) or this machine (a fit, the device, a
     fallback). The log_dir is the run's wherever it is named from; a device or dtype saved as "auto" (before
     they were resolved) is no change."""
-    saved, now = resume.meta["config"], dataclasses.asdict(s)
-
-    def source(k):
-        return chosen.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
-    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k)})" for k, v in now.items()
+    saved = resume.meta["config"]
+    now = same_paths(saved, dataclasses.asdict(s))
+    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, now, chosen, block)})" for k, v in now.items()
                if k not in FIXED and k not in ("init_from", "log_dir") and k in saved
                and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
@@ -423,6 +420,20 @@ def resume_changes(resume, s, chosen, block, world_size):
     if note := schedule_change(s, resume):
         notes.append(note)
     return notes
+
+
+def source(k, now, chosen, block):
+    """Where setting k's value now came from, for messages: chosen[k] (this command, the run's command, a
+    preset, the settings block), else the settings block (it holds the value: an edit since) or this machine
+    (a fit, the device, a fallback)."""
+    return chosen.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
+
+
+def same_paths(saved, now):
+    """now (settings as a dict) with each path setting that names the file or folder its saved spelling
+    does spelt as saved (./x is x; a run written before paths were kept absolute), so neither is a change."""
+    return {k: saved[k] if k in PATHS and k in saved and v and saved[k] and same_path(saved[k], v) else v
+            for k, v in now.items()}
 
 
 def same_path(a, b):

@@ -9,6 +9,7 @@ step is the training section's). A rerun into the same DIR runs only the section
 commit and device, so a report stopped by --budget is finished by a second call. On a CPU the same sections
 run at a tiny size (the test suite does, so the command cannot rot): the figures then mean nothing.
 """
+import contextlib
 import datetime
 import json
 import os
@@ -106,7 +107,7 @@ def run_section(argv, log_path, deadline, cache):
     with open(log_path, "w") as log:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=env, start_new_session=True)
+                             errors="replace", env=env, start_new_session=True)
 
         def copy():  # a line at a time: the log holds what ran even if we are killed
             for line in p.stdout:
@@ -120,10 +121,10 @@ def run_section(argv, log_path, deadline, cache):
             return p.wait(timeout=None if deadline is None else max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             return None
-        finally:
-            if p.poll() is None:  # the deadline, or interrupted (Ctrl-C): nothing of ours is left running
+        finally:  # the deadline, Ctrl-C, or what the section left running: nothing of ours stays
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            p.wait()
             reader.join()
 
 

@@ -23,7 +23,7 @@ import torch
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
-from gptlib.checkpoint import MODEL, recorded_flags, resume_changes, space_note
+from gptlib.checkpoint import MODEL, PATHS, recorded_flags, resume_changes, space_note
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.runtime import broadcast_object, print0
 from gptlib.trackers import TRACKERS
@@ -64,7 +64,6 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
 KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
-PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # files or folders, relative to the cwd
 
 
 def settings_type(block):
@@ -92,7 +91,8 @@ def run_flags(Settings, given):
     if recorded is None:  # written before the flags were recorded
         return {}, [f"{path} predates recorded command lines: this resume runs with this command's flags "
                     f"alone, so repeat every --NAME=VALUE the run's first command named"]
-    unknown = [k for k, v in recorded.items() if k not in block or type(v) is not type(block[k])]
+    takes = {k: {type(v), int} if type(v) is float else {type(v)} for k, v in block.items()}  # 1 for 1.0
+    unknown = [k for k, v in recorded.items() if type(v) not in takes.get(k, ())]
     if unknown:
         raise UserError(f"{path} was started with --{unknown[0]}={recorded[unknown[0]]!r}, which this "
                         f"train_gpt2.py does not take: continue it with the code that wrote it, or start "

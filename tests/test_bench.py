@@ -437,7 +437,8 @@ def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path):
     """--budget's deadline holds while a section is silent (the peer's rounds print nothing for minutes; the
-    deadline was checked only when a line came), and the section's log keeps what it printed."""
+    deadline was checked only when a line came), and the section's log keeps what it printed; what a section
+    leaves running is stopped with it."""
     from gptlib import gpu_report
     started = time.time()
     status = gpu_report.run_section([sys.executable, "-c", "import time; print('start', flush=True); "
@@ -445,3 +446,8 @@ def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path):
                                     time.time() + 2, str(tmp_path))
     assert status is None and time.time() - started < 20
     assert (tmp_path / "s.log").read_text() == "start\n"
+    started = time.time()  # a section that ends leaving a process of its own running (holding its output)
+    status = gpu_report.run_section([sys.executable, "-c", "import subprocess, sys; subprocess.Popen(["
+                                     "sys.executable, '-c', 'import time; time.sleep(60)']); print('left')"],
+                                    str(tmp_path / "t.log"), None, str(tmp_path))
+    assert status == 0 and time.time() - started < 20 and (tmp_path / "t.log").read_text() == "left\n"

@@ -3,6 +3,7 @@ used."""
 import copy
 import importlib
 import os
+import shutil
 import sys
 
 import pytest
@@ -157,6 +158,11 @@ def test_a_damaged_checkpoints_line_names_the_earlier_one_that_verifies(tmp_path
     monkeypatch.setattr(sys, "argv", ["checkpoint.py", paths[1]])
     with pytest.raises(UserError, match=f"verifies: python checkpoint.py {paths[0]} picks it$"):
         checkpoint.main()
+    best = str(tmp_path / "best.pt")  # not one of the run's model_N.pt: any beside it, not "earlier"
+    shutil.copy(paths[2], best)
+    with pytest.raises(UserError, match=f"; {paths[0]}, another beside it, verifies: --model {paths[0]} "
+                                        "picks it$"):
+        load_model(best, "--model")
     os.remove(paths[0])
     with pytest.raises(UserError, match=f"; no earlier checkpoint in {tmp_path} verifies: restore this one "
                                         "from a copy, or train it again$"):

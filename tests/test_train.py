@@ -275,7 +275,7 @@ def test_what_a_resume_may_change():
         """continue_run's refusal, then fit's NOTEs, for settings now against the saved config."""
         resume, chosen = SimpleNamespace(meta={"config": config, "world_size": world}, step=0), dict.fromkeys(
             given, "this command")
-        checkpoint.refuse_fixed(config, Settings(**now), chosen)
+        checkpoint.refuse_fixed(config, Settings(**now), chosen, block)
         return checkpoint.resume_changes(resume, Settings(**now), chosen, block, 1)
     assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
         "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
@@ -292,8 +292,15 @@ def test_what_a_resume_may_change():
     old = {k: v for k, v in saved.items()
            if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
     assert changes(saved, config=old) == []
-    with pytest.raises(UserError, match="untied_head=False \\(now True, the settings block\\)"):
+    with pytest.raises(UserError, match="untied_head=False \\(now True, this machine\\)"):  # not the block's
         changes(dict(saved, untied_head=True), config=old)
+    with pytest.raises(UserError, match="n_layer=12 \\(now 4, this machine\\), .*T=1024 \\(now 128, this "
+                                        "machine\\)"):  # the CPU fallback's, not the block's
+        changes(dict(saved, n_layer=4, T=128))
+    # a path spelt otherwise (relative, before paths were kept absolute) is the same file: no change
+    here = os.path.abspath("input.txt")
+    assert changes(dict(saved, data_root=here, hellaswag_data=here), config=dict(
+        saved, data_root="input.txt", hellaswag_data="./input.txt")) == []
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
     now = dict(saved, device="cpu", dtype="fp32")
     assert changes(now, config=dict(saved, device="auto", dtype="auto")) == []
@@ -860,6 +867,31 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
         again.main([f"--log_dir={log}"])
 
 
+@pytest.mark.slow
+def test_a_resume_refuses_before_it_fits_and_knows_a_relative_origin(tmp_path, monkeypatch, capsys, text,
+                                                                     reference):
+    """A T the run cannot take is refused as such, before the validation split's fit would say val_tokens
+    is too small for it; a fine-tune whose checkpoint (written before paths were kept absolute) holds its
+    origin relative continues under the same command, typed again from the same folder."""
+    log = tmp_path / "log"
+    shutil.copytree(reference[2], log)
+    with pytest.raises(UserError, match=r"^the run in .*log has T=32 \(now 512, this command\), "
+                                        r"total_batch_size=512 \(now 2048, this command\), which a resume"):
+        train_gpt2.main([f"--log_dir={log}", "--T=512", "--total_batch_size=2048"])
+    *_, weights = checkpoints(reference[2])
+    shutil.copy(weights, tmp_path / "w.pt")
+    monkeypatch.chdir(tmp_path)
+    args = TINY + [f"--data_root={text}", "--init_from=w.pt", "--max_steps=1", "--log_dir=ft"]
+    assert train_gpt2.main(args) == 0
+    path = checkpoints("ft")[-1]  # as an older version wrote it: the origin as typed, no flags
+    ckpt = {k: v for k, v in torch.load(path, weights_only=True).items() if k not in ("checksum", "flags")}
+    assert ckpt["config"]["init_from"] == str(tmp_path / "w.pt")
+    checkpoint.save_checkpoint({**ckpt, "config": {**ckpt["config"], "init_from": "w.pt"}}, path)
+    capsys.readouterr()
+    assert train_gpt2.main(args[:-2] + ["--max_steps=2", "--log_dir=ft"]) == 0
+    assert "resuming from ft/model_000001.pt" in capsys.readouterr().out and max(losses("ft")) == 2
+
+
 def test_a_resume_replays_the_runs_flags(tmp_path, text):
     """The flags a run's newest checkpoint records come first, this command's after them (which win); the
     presets are expanded afresh from both: --recipe=modern --max_lr=1e-2 --embed_lr=0.01 extended with
@@ -893,6 +925,11 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
     assert s.max_lr == 3e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
                                           "lines: this resume runs with this command's flags alone, so repeat "
                                           "every --NAME=VALUE the run's first command named"]
+    s, _ = resolve({"max_lr": 1e-2, "data_root": text}, {"init_from": "scratch"})  # a new run: refused later
+    assert s.max_lr == 3e-3
+    assert settings.run_flags(train_gpt2.Settings, {"eval_only": True, "log_dir": str(tmp_path / "0")}) == ({}, [])
+    s, _ = resolve({"weight_decay": 0, "data_root": text}, {})  # an int where the block has a float will do
+    assert s.weight_decay == 0
     for flags in ({"chunked_loss": True}, {"max_lr": "high"}):
         with pytest.raises(UserError, match=rf"model_000002.pt was started with --{next(iter(flags))}=.*, which "
                                             r"this train_gpt2.py does not take"):
