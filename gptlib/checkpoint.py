@@ -375,7 +375,7 @@ def continue_run(s, chosen, rt):
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, chosen, meta["model_config"], s.init_from)
-    refuse_fixed(meta["config"], s, chosen, {f.name: f.default for f in dataclasses.fields(s)})
+    refuse_fixed(meta["config"], s, chosen)
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -386,7 +386,7 @@ def continue_run(s, chosen, rt):
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def refuse_fixed(saved, s, chosen, block):
+def refuse_fixed(saved, s, chosen):
     """A UserError if settings s change what the run saved with settings `saved` (a dict) cannot change
     (FIXED), listing every difference, where the new value came from (source) and the two ways out; before
     anything is fitted, read or built."""
@@ -395,14 +395,14 @@ def refuse_fixed(saved, s, chosen, block):
     fixed = [k for k in FIXED if was[k] != now[k]]
     if fixed:
         raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, now, chosen, block)})"
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, s, now, chosen)})"
                                     for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={was[k]}" for k in fixed)
                         + ") to continue that run, or start a new one with --log_dir=NEW")
 
 
-def resume_changes(resume, s, chosen, block, world_size):
+def resume_changes(resume, s, chosen, world_size):
     """Notes of what this start-up changes in the run it resumes (what it cannot change: refuse_fixed), its
     saved settings compared with s once, after every preset, fallback and fit (a setting lowered again is no
     change), each change with where it came from: chosen[name] (this command, a preset, the settings block),
@@ -411,7 +411,7 @@ def resume_changes(resume, s, chosen, block, world_size):
     they were resolved) is no change."""
     saved = resume.meta["config"]
     now = same_paths(saved, dataclasses.asdict(s))
-    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, now, chosen, block)})" for k, v in now.items()
+    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, s, now, chosen)})" for k, v in now.items()
                if k not in FIXED and k not in ("init_from", "log_dir") and k in saved
                and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
@@ -422,11 +422,16 @@ def resume_changes(resume, s, chosen, block, world_size):
     return notes
 
 
-def source(k, now, chosen, block):
-    """Where setting k's value now came from, for messages: chosen[k] (this command, the run's command, a
-    preset, the settings block), else the settings block (it holds the value: an edit since) or this machine
-    (a fit, the device, a fallback)."""
-    return chosen.get(k) or ("the settings block" if now[k] == block[k] else "this machine")
+def source(k, s, now, chosen):
+    """Where setting k's value now (of settings s, as a dict) came from, for messages: chosen[k] (this
+    command, the run's command, a preset, the settings block), else the settings block (it holds the value:
+    an edit since) or this machine (a fit, the device, a fallback)."""
+    return chosen.get(k) or ("the settings block" if now[k] == block_of(s)[k] else "this machine")
+
+
+def block_of(s):
+    """{name: default} of settings s: the settings block they were resolved from."""
+    return {f.name: f.default for f in dataclasses.fields(s)}
 
 
 def same_paths(saved, now):
@@ -461,7 +466,7 @@ def weights_shape(s, chosen, config, origin):
 def schedule_change(s, resume):
     """A note when a resume moves the learning rate off the run's schedule (max_steps, warmup_steps,
     min_lr_ratio or max_lr changed): what the next step's is on each."""
-    block = {f.name: f.default for f in dataclasses.fields(s)}  # for a setting the checkpoint predates
+    block = block_of(s)  # for a setting the checkpoint predates
     saved = {k: resume.meta["config"].get(k, block[k]) for k in ("max_lr", "min_lr_ratio", "warmup_steps",
                                                                   "max_steps")}
     changed = {k: v for k, v in saved.items() if v != getattr(s, k)}

@@ -137,7 +137,7 @@ def fit(s, chosen, rt, resume):
     s, val_notes = one_validation_pass(s)
     notes += val_notes
     if resume is not None:  # what it cannot take was refused in continue_run
-        notes += resume_changes(resume, s, chosen, defaults(type(s)), rt.world_size)
+        notes += resume_changes(resume, s, chosen, rt.world_size)
     if not s.eval_only and s.warmup_steps >= s.max_steps:
         notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
                      f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")

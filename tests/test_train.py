@@ -275,8 +275,8 @@ def test_what_a_resume_may_change():
         """continue_run's refusal, then fit's NOTEs, for settings now against the saved config."""
         resume, chosen = SimpleNamespace(meta={"config": config, "world_size": world}, step=0), dict.fromkeys(
             given, "this command")
-        checkpoint.refuse_fixed(config, Settings(**now), chosen, block)
-        return checkpoint.resume_changes(resume, Settings(**now), chosen, block, 1)
+        checkpoint.refuse_fixed(config, Settings(**now), chosen)
+        return checkpoint.resume_changes(resume, Settings(**now), chosen, 1)
     assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
         "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
     said = changes(dict(saved, B=64, max_lr=1e-3))
