@@ -501,18 +501,21 @@ OURS_RUNNER = ("import sys\n"
                "sys.argv = sys.argv[1:]\n"
                "errors.main_guard(train_gpt2.main, runtime.exit_process)\n")
 PEER_VOCAB = 50257  # llm.c's d12: GPT-2's own vocabulary, unpadded
+PEER_ROUNDS = 2  # runs of each script, in turns
 
 
-def peer_cost(peer, rt, size, B, T, steps, warmup, rounds=2):
+def peer_cost(peer, rt, size, B, T, steps):
     """train_gpt2.py against llm.c's PyTorch reference (its train_gpt2.py at `peer`, an absolute path outside
     this project) at B x T, one micro-step a step, on the same random-token shards (llm.c's .bin layout is
-    this project's), each run its own process, in turns (ours, peer, ours, peer: drift hits both), compiled on
-    CUDA: each run's median ms/step over its `steps` after `warmup` (what those took over as many settled
-    steps goes to WARMING), its peak memory (CUDA), and the ratio of the medians. Ours is the model of `size`
+    this project's), each run its own process, PEER_ROUNDS of each in turns (ours, peer, ours, peer: drift
+    hits both), compiled on CUDA: each run's median ms/step over its timed steps after its warm-up (steps:
+    (warm-up, timed); what the warm-up took over as many settled steps goes to WARMING), its peak memory
+    (CUDA), and the ratio of the medians. Ours is the model of `size`
     (GPT-2 124M on CUDA, bench.py's small model on a CPU), the peer's its d12, GPT-2 124M, everywhere."""
     from dataloader import write_shard
     root = os.path.dirname(os.path.abspath(__file__))
     cuda, times, peaks = rt.kind == "cuda", {"ours": [], "peer": []}, {"ours": None, "peer": None}
+    (warmup, steps), rounds = steps, PEER_ROUNDS
     dtype, n = "bf16" if cuda else "fp32", warmup + steps
     with tempfile.TemporaryDirectory() as tmp:
         gen = torch.Generator().manual_seed(0)
@@ -692,7 +695,7 @@ def main():
                 print(line, flush=True)
             report += extra
         elif part == "peer":
-            report += peer_cost(args.peer, rt, size, step_B, T, steps, warmup)
+            report += peer_cost(args.peer, rt, size, step_B, T, (warmup, steps))
         elif part == "softmax":
             extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
             for line in extra:

@@ -10,9 +10,8 @@ Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). With
 trains on input.txt and says so; under torchrun it stops in one line naming the folder it looked in. A rerun
 with the same log_dir continues from its latest checkpoint.
 
-What you edit in the settings block or name on the command line is what runs: the presets and the fallbacks
-(no GPU, no shards) fill in only the settings left untouched, and a resume runs as if the run's own commands
-were typed again with this command's flags after them (docs/training.md, "What a resume cannot change").
+What you edit in the settings block or name on the command line is what runs (presets and fallbacks fill in
+the rest); a resume replays the run's own flags before this command's (docs/training.md, "What runs").
 """
 import contextlib
 import dataclasses
@@ -219,8 +218,7 @@ class Run:
 
 def start_run(s, rt, resume, named, notes):
     """The Run: the model, data, optimizers and log, each decided once; the resumed run's state restored; its
-    first record written. named: the flags that named the settings; notes: the settings' NOTEs, for that
-    record."""
+    first record written. named: the flags that named the settings (recorded); notes: the settings' NOTEs."""
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     model = build_model(s, resume).to(rt.device)
     train_loader, val_loader, examples, core = load_data(s, rt)
