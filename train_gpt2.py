@@ -33,7 +33,7 @@ from gptlib import runtime, settings
 from gptlib.accounting import Clock, duration, mfu, peak_flops
 from gptlib.checkpoint import continue_run, load_model, remove_stale_writes, save_run
 from gptlib.engine import Engine
-from gptlib.errors import PeerFailed, RankError, UserError, main_guard
+from gptlib.errors import PeerFailed, RankError, UserError, main_guard, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
 from gptlib.runlog import RunLog, hold_log_dir, metrics_path
 from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
@@ -541,8 +541,8 @@ def evaluate_or_stop(run, checkpoint):
                             f"--hellaswag, --core); {where}") from None
         if isinstance(e, UserError):  # its own line (a log that cannot be written)
             raise
-        print(f"error{f' (rank {rt.rank})' if rt.rank else ''}: evaluating step {step} failed (the traceback "
-              f"follows); {where}", flush=True)
+        say(f"error{f' (rank {rt.rank})' if rt.rank else ''}: evaluating step {step} failed (the traceback "
+            f"follows); {where}")
         raise
 
 

@@ -10,6 +10,15 @@ import os
 import sys
 
 
+def say(line, file=None):
+    """Print one line in one write (default stdout), flushed: torchrun's processes share one terminal or
+    pipe, and print's two writes (the text, then its newline) let another process's line land inside this
+    one."""
+    file = file or sys.stdout
+    file.write(f"{line}\n")
+    file.flush()
+
+
 class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
     rank = None  # set where the ranks agreed who failed (runtime.together): this rank says it, naming itself
@@ -42,13 +51,13 @@ def main_guard(main, exit_process=None):
             pass
         elif e.rank is not None or isinstance(e, RankError):  # met by this rank alone
             rank = e.rank if e.rank is not None else int(os.environ.get("RANK", 0))
-            print(f"error{f' (rank {rank})' if rank else ''}: {e}", file=sys.stderr)
+            say(f"error{f' (rank {rank})' if rank else ''}: {e}", sys.stderr)
         elif os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr)
+            say(f"error: {e}", sys.stderr)
         status, wait = 1, False
     except KeyboardInterrupt:  # Ctrl-C before the loop catches it (start-up): a stop, not a bug
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print("stopped by Ctrl-C", file=sys.stderr)
+            say("stopped by Ctrl-C", sys.stderr)
         status, wait = 130, False
     if exit_process is not None:
         exit_process(status or 0, wait=wait)

@@ -18,7 +18,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-from gptlib.errors import PeerFailed, UserError, find_cause, first_line
+from gptlib.errors import PeerFailed, UserError, find_cause, first_line, say
 
 
 MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.txt)
@@ -53,7 +53,7 @@ def is_rank0():
 
 def print0(*args):
     if is_rank0():
-        print(*args, flush=True)
+        say(" ".join(map(str, args)))
 
 
 @contextlib.contextmanager

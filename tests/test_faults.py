@@ -358,8 +358,8 @@ def test_a_failure_on_rank_1_alone_at_each_phase_stops_every_rank_and_torchrun_r
 def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkpoint_intact(tmp_path, text):
     """Under FSDP every forward gathers: a rank that fails inside one cannot agree with the ranks waiting in
     the gather (docs/training.md). Rank 1 runs out of memory in HellaSwag at step 3: it says so and ends; rank
-    0's gather loses it and stops in one line; the run exits 1 within the timeout, and step 2's checkpoint (no
-    checkpoint is due at step 3) is the newest and verifies."""
+    0's gather loses it and stops (in one line, unless torchrun's agent stops it first); the run exits 1 within
+    the timeout, and step 2's checkpoint (no checkpoint is due at step 3) is the newest and verifies."""
     from gptlib.checkpoint import load_checkpoint
     log = tmp_path / "log"
     args = eval_args(tmp_path, text) + [f"--log_dir={log}", f"--collective_timeout={TIMEOUT}", "--fsdp=True"]
@@ -367,12 +367,13 @@ def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkp
     r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, ["hellaswag"]))
     errors = [line for line in r.stdout.splitlines() if line.startswith("error")]
     assert r.returncode == 1 and time.time() - t0 < TIMEOUT, r.stdout[-3000:]
-    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower "
-                                "--eval_B (or --hellaswag, --core); the newest checkpoint is model_000002.pt "
-                                "(step 2)"), errors
-    assert errors[1:] == ["error: another process ended (its own line says why, if it could) while this one "
-                          "was evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the "
-                          "same command resumes from it (torchrun --max-restarts does by itself)"], errors
+    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B "
+                                "(or --hellaswag, --core); the newest checkpoint is model_000002.pt (step 2)"), \
+        r.stdout[-3000:]
+    # rank 0's own line, when torchrun's agent has not stopped it first (see the test above)
+    assert errors[1:] in ([], ["error: another process ended (its own line says why, if it could) while this one "
+                               "was evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the "
+                               "same command resumes from it (torchrun --max-restarts does by itself)"]), errors
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000002.pt"]
     load_checkpoint(str(log / "model_000002.pt"))
     assert max(losses(log)) == 3

@@ -230,6 +230,29 @@ def test_every_entry_point_ends_through_one_guard(monkeypatch, capsys):
         assert ast.unparse(guarded.body[0]).startswith("main_guard("), name
 
 
+def test_a_line_is_said_in_one_write(monkeypatch):
+    """errors.say, behind print0 and every error line: a line and its newline go out in one write, so that
+    another process's line cannot land inside it (torchrun's processes share one pipe; print's two writes
+    let rank 1's error into rank 0's "step 3: val loss 10.5996 | val bpb 4.2230" in a CI run)."""
+    from gptlib.errors import say
+    from gptlib.runtime import print0
+    writes = []
+
+    class Pipe:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            writes.append("flush")
+    monkeypatch.setattr(sys, "stdout", Pipe())
+    monkeypatch.delenv("RANK", raising=False)
+    print0("step 3: val loss", 10.5996)
+    say("error (rank 1): out of memory", Pipe())
+    monkeypatch.setenv("RANK", "1")
+    print0("rank 0 alone")
+    assert writes == ["step 3: val loss 10.5996\n", "flush", "error (rank 1): out of memory\n", "flush"]
+
+
 def test_a_checkpoint_exports_for_transformers_with_its_tokenizer(tmp_path, monkeypatch, capsys):
     """checkpoint.py CKPT --hf DIR verifies the checkpoint and writes it with GPT-2's tokenizer files.
     Offline, transformers' AutoTokenizer on DIR spells every token as tiktoken does and encodes text into the
