@@ -430,7 +430,7 @@ def source(k, s, now, chosen):
 
 
 def block_of(s):
-    """{name: default} of settings s: the settings block they were resolved from."""
+    """{name: default} of settings s, or of their class: the settings block they come from."""
     return {f.name: f.default for f in dataclasses.fields(s)}
 
 

@@ -23,7 +23,7 @@ import torch
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
-from gptlib.checkpoint import MODEL, PATHS, recorded_flags, resume_changes, space_note
+from gptlib.checkpoint import MODEL, PATHS, block_of, recorded_flags, resume_changes, space_note
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.runtime import broadcast_object, print0
 from gptlib.trackers import TRACKERS
@@ -71,11 +71,6 @@ def settings_type(block):
     return dataclasses.make_dataclass("Settings", [(k, type(v), v) for k, v in block.items()], frozen=True)
 
 
-def defaults(Settings):
-    """{name: default}: the settings block that Settings was made from."""
-    return {f.name: f.default for f in dataclasses.fields(Settings)}
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the whole resolution, in order
 
@@ -86,7 +81,7 @@ def run_flags(Settings, given):
     words)."""
     if given.get("init_from") == "scratch" or given.get("eval_only"):
         return {}, []
-    block = defaults(Settings)
+    block = block_of(Settings)
     recorded, path = recorded_flags(given.get("log_dir", block["log_dir"]))
     if recorded is None:  # written before the flags were recorded
         return {}, [f"{path} predates recorded command lines: this resume runs with this command's flags "
@@ -104,7 +99,7 @@ def runtime_options(Settings, recorded, given):
     """runtime.setup's arguments from the settings block and the flags (the run's recorded, then this
     command's): the device, the dtype and the collective timeout, which setting up the processes needs before
     anything else."""
-    asked = {**defaults(Settings), **recorded, **given}
+    asked = {**block_of(Settings), **recorded, **given}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
     return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
 
@@ -167,7 +162,7 @@ def settings_help(Settings, script):
     with open(script, encoding="utf-8") as f:
         source = f.read()
     block = source.split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]
-    lines, above, block_defaults = [], [], defaults(Settings)
+    lines, above, block_defaults = [], [], block_of(Settings)
     for line in block:
         code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
         if not code:
@@ -186,7 +181,7 @@ def settings_help(Settings, script):
 def parse_overrides(argv, Settings, script):
     """{name: value} of the command line's --name=value (or --name value) pairs, each checked against the
     settings' names and converted to its type; --help prints the settings and exits."""
-    block, overrides, argv = defaults(Settings), {}, list(argv)
+    block, overrides, argv = block_of(Settings), {}, list(argv)
     while argv:
         arg = argv.pop(0)
         if arg in ("-h", "--help"):
@@ -238,7 +233,7 @@ def combine(Settings, recorded, given, rt):
     torch.compile works here, in that order, with the device kind and dtype rt runs. chosen: {name: where} of
     each setting the user chose, which the presets and fallbacks keep: edited in the block (off SHIPPED),
     named by a command, or set by a preset that was. A setting that cannot work is a UserError."""
-    block = defaults(Settings)
+    block = block_of(Settings)
     chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
               **dict.fromkeys(recorded, "the run's command"), **dict.fromkeys(given, "this command")}
     cfg, chosen = apply_presets({**absolute(block), **recorded, **given}, chosen)
