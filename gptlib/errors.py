@@ -12,8 +12,8 @@ import sys
 
 def say(line, file=None):
     """Print one line in one write (default stdout), flushed: torchrun's processes share one terminal or
-    pipe, and print's two writes (the text, then its newline) let another process's line land inside this
-    one."""
+    pipe, and print's two writes when output is unbuffered (PYTHONUNBUFFERED=1, python -u: the text, then
+    its newline) let another process's line land inside this one. A pipe keeps a write whole up to 4 KiB."""
     file = file or sys.stdout
     file.write(f"{line}\n")
     file.flush()

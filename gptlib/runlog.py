@@ -116,15 +116,15 @@ class RunLog:
         while os.path.exists(aside := os.path.join(os.path.dirname(self.path), f"metrics.{n}.jsonl")):
             n += 1
         os.replace(self.path, aside)
-        print(f"NOTE: no checkpoint to continue in {os.path.dirname(self.path) or '.'}: this run starts "
-              f"afresh; the earlier attempt's log is kept as {os.path.basename(aside)}", flush=True)
+        runtime.print0(f"NOTE: no checkpoint to continue in {os.path.dirname(self.path) or '.'}: this run "
+                       f"starts afresh; the earlier attempt's log is kept as {os.path.basename(aside)}")
 
     def drop_after(self, step):
         """A resumed run's log: rank 0 drops the records after `step` (those of an attempt that died before
         its next checkpoint, redone now), saying how many."""
         if runtime.is_rank0() and (dropped := truncate_log(self.path, step)):
-            print(f"NOTE: dropped {dropped} records after step {step} from {self.path} (the interrupted "
-                  f"attempt's, redone now)", flush=True)
+            runtime.print0(f"NOTE: dropped {dropped} records after step {step} from {self.path} (the "
+                           f"interrupted attempt's, redone now)")
 
     def open_trackers(self, names, log_dir, start):
         """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""

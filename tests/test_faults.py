@@ -367,10 +367,12 @@ def test_a_rank_that_dies_in_an_fsdp_forward_ends_the_run_with_the_newest_checkp
     r = train(args, cwd=tmp_path, check=False, nproc=2, env=fault_env(tmp_path, ["hellaswag"]))
     errors = [line for line in r.stdout.splitlines() if line.startswith("error")]
     assert r.returncode == 1 and time.time() - t0 < TIMEOUT, r.stdout[-3000:]
-    assert errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower --eval_B "
-                                "(or --hellaswag, --core); the newest checkpoint is model_000002.pt (step 2)"), \
-        r.stdout[-3000:]
-    # rank 0's own line, when torchrun's agent has not stopped it first (see the test above)
+    assert errors and errors[0].startswith("error (rank 1): out of memory evaluating step 3 at eval_B=4: lower "
+                                           "--eval_B (or --hellaswag, --core); the newest checkpoint is "
+                                           "model_000002.pt (step 2)"), r.stdout[-3000:]
+    # rank 0's own line, unless torchrun's agent stopped it first (see the test above): its summary says so
+    if not errors[1:]:
+        assert re.search(r"rank\s*: 0 \(local_rank: 0\)\n\s*exitcode\s*: -(15|9)\b", r.stdout), r.stdout[-3000:]
     assert errors[1:] in ([], ["error: another process ended (its own line says why, if it could) while this one "
                                "was evaluating step 3. The newest checkpoint is model_000002.pt (step 2); the "
                                "same command resumes from it (torchrun --max-restarts does by itself)"]), errors
