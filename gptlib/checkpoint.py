@@ -215,7 +215,18 @@ def load_model(spec, option=None):
         model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
         return model
+    refuse_log_dir(spec, option)
     return hf_gpt2.from_pretrained(spec)
+
+
+def refuse_log_dir(spec, option):
+    """A UserError where spec, which should name weights, is a run's log_dir (checkpoints, no config.json):
+    naming its newest checkpoint."""
+    found = [] if os.path.exists(os.path.join(spec, "config.json")) else checkpoints(spec)
+    if found:
+        pick = f"{option}={found[-1]}" if option else found[-1]
+        raise UserError(f"{spec} is a training run's log_dir, not an HF GPT-2 folder: give one of its "
+                        f"checkpoints, such as its newest: {pick}")
 
 
 def recorded_flags(log_dir):
@@ -237,6 +248,7 @@ def model_config(spec, option=None):
     checkpoint's recorded config, an HF folder's config.json, an OpenAI name's known shape. option: as
     load_checkpoint's."""
     if not spec.endswith(".pt"):
+        refuse_log_dir(spec, option)
         return dataclasses.asdict(hf_gpt2.pretrained_config(spec))
     if not os.path.isfile(spec):
         raise CheckpointError(f"checkpoint {spec} does not exist")
@@ -425,8 +437,11 @@ def resume_changes(resume, s, chosen, world_size):
 def source(k, s, now, chosen):
     """Where setting k's value now (of settings s, as a dict) came from, for messages: chosen[k] (this
     command, the run's command, a preset, the settings block), else the settings block (it holds the value:
-    an edit since) or this machine (a fit, the device, a fallback)."""
-    return chosen.get(k) or ("the settings block" if now[k] == block_of(s)[k] else "this machine")
+    an edit since; or a path it names, found from this folder) or this machine (a fit, the device, a
+    fallback)."""
+    block = block_of(s)[k]
+    in_block = now[k] == block or k in PATHS and bool(block) and same_path(block, now[k])
+    return chosen.get(k) or ("the settings block" if in_block else "this machine")
 
 
 def block_of(s):

@@ -196,7 +196,7 @@ def parse_overrides(argv, Settings, script):
                 raise UserError(f"--{key} needs a value: --{key}=VALUE")
             value = argv.pop(0)
         if key not in block:
-            close = difflib.get_close_matches(key, block, n=1)
+            close = difflib.get_close_matches(key, block, n=1) or [k for k in block if key in k.split("_")]
             hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
             raise UserError(f"unknown setting {key!r}{hint}")
         kind = type(block[key])

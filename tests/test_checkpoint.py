@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from gptlib.checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, newest_valid,
-                        save_checkpoint)
+from gptlib.checkpoint import (CheckpointError, checkpoints, checksum, load_checkpoint, load_model, model_config,
+                               newest_valid, save_checkpoint)
 from gptlib.errors import UserError
 from model import GPT, GPTConfig
 MARK = 1.2345678  # a value no initialised weight has, to find a tensor's bytes in the file
@@ -87,6 +87,16 @@ def test_load_model_errors(tmp_path):
     torch.save({"weights": {}}, tmp_path / "other.pt")
     with pytest.raises(UserError, match="not a train_gpt2.py checkpoint"):
         load_model(str(tmp_path / "other.pt"))
+    # a run's log_dir where weights belong (sample.py --model=log, --init_from=log): its newest checkpoint named
+    log = tmp_path / "log"
+    log.mkdir()
+    for step in (2, 10):
+        (log / f"model_{step:06d}.pt").touch()
+    for read in (load_model, model_config):
+        with pytest.raises(UserError, match=f"^{log} is a training run's log_dir, not an HF GPT-2 folder: "
+                                            f"give one of its checkpoints, such as its newest: "
+                                            f"--model={log}/model_000010.pt$"):
+            read(str(log), "--model")
 
 
 def test_newest_valid(tmp_path):

@@ -263,7 +263,7 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
     assert not os.path.exists(tmp_path / "log")  # and no empty log_dir left behind
 
 
-def test_what_a_resume_may_change():
+def test_what_a_resume_may_change(tmp_path, monkeypatch):
     """What a resume may change: B, learning rates and weight decay (one NOTE, each change with where it came
     from); what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
     from types import SimpleNamespace
@@ -301,6 +301,12 @@ def test_what_a_resume_may_change():
     here = os.path.abspath("input.txt")
     assert changes(dict(saved, data_root=here, hellaswag_data=here), config=dict(
         saved, data_root="input.txt", hellaswag_data="./input.txt")) == []
+    # a run of the no-shards fallback resumed where the block's edu_fineweb10B exists: the block's, found here
+    monkeypatch.chdir(tmp_path)
+    os.mkdir(block["data_root"])
+    with pytest.raises(UserError, match=f"data_root='{here}' \\(now '{tmp_path / block['data_root']}', the "
+                                        f"settings block\\)"):
+        changes(dict(saved, data_root=str(tmp_path / block["data_root"])), config=dict(saved, data_root=here))
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
     now = dict(saved, device="cpu", dtype="fp32")
     assert changes(now, config=dict(saved, device="auto", dtype="auto")) == []
@@ -433,6 +439,7 @@ def test_overrides_are_checked():
     got = settings.parse_overrides(argv, train_gpt2.Settings, SCRIPT)
     assert got == {"B": 8, "max_lr": 1e-3, "compile": False, "total_batch_size": 524288, "log_dir": "x"}
     for argv, match in [(["--max_lrr=1"], "unknown setting 'max_lrr'; did you mean --max_lr?"),
+                        (["--lr=1e-3"], "unknown setting 'lr'; did you mean --max_lr?"),  # a part of a name
                         (["--B=eight"], "--B='eight' is not a whole number"), (["--B=2.5"], "is not a whole"),
                         (["--compile=maybe"], "is not True or False"), (["B=3"], "expected --name=value"),
                         (["--B", "--T=3"], "--B needs a value: --B=VALUE")]:
