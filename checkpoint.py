@@ -3,9 +3,8 @@
     python checkpoint.py log/model_019073.pt               # verify it, and say what it holds
     python checkpoint.py log/model_019073.pt --hf my-gpt2  # and write it for transformers, tokenizer included
 
-A checkpoint holds {"model", "model_config", "optimizer", "step", "config", "world_size", "dataloader",
-"scaler", "elapsed", "rng", "checksum"}; checksum is the sha256 of everything else in it, so a truncated or
-altered file is detected before any of it is used (gptlib/checkpoint.py writes, verifies and resumes them).
+A checkpoint's checksum is the sha256 of everything else in it, so a truncated or altered file is detected
+before any of it is used; gptlib/checkpoint.py, which writes, verifies and resumes them, lists what one holds.
 """
 import os
 

@@ -397,9 +397,8 @@ def save(run):
     The loader's position is the same on every rank."""
     s, rt = run.s, run.rt
     meta = {"step": run.step, "config": dataclasses.asdict(s), "flags": run.flags,
-            "world_size": rt.world_size,
-            "dataloader": run.train_loader.state_dict(), "scaler": run.scaler.state_dict(),
-            "elapsed": run.clock.elapsed()}
+            "world_size": rt.world_size, "dataloader": run.train_loader.state_dict(),
+            "scaler": run.scaler.state_dict(), "elapsed": run.clock.elapsed()}
     return save_run(s.log_dir, run.models.raw, run.optimizers, meta, rt, s.keep_checkpoints)
 
 
