@@ -112,9 +112,9 @@ def main(argv=None):
     returns the process's exit status."""
     # ------------------------------------ processes, device, settings, and the run in log_dir to continue
     given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
-    recorded, said = settings.run_flags(Settings, given)  # a resume: the run's own flags, replayed first
+    recorded = settings.run_flags(Settings, given)  # a resume: the run's own files and flags, replayed first
     rt = runtime.setup(**settings.runtime_options(Settings, recorded, given))  # processes, GPU, dtype
-    s, chosen, notes = settings.resolve(Settings, recorded, given, rt, said)  # presets, fallbacks, checks
+    s, chosen, notes = settings.resolve(Settings, recorded, given, rt)  # presets, fallbacks, checks
     hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
     s, resume = continue_run(s, chosen, rt)  # None, or the run in log_dir; the weights' shape
     if resume is not None and resume.finished:  # and evaluated
@@ -122,7 +122,7 @@ def main(argv=None):
     s, fitted = settings.fit(s, chosen, rt, resume)  # the GPU's B, the disk, the val split; what changed
 
     # ---------------------------------------------------------- model, data, optimizers, log: decided once
-    run = start_run(s, rt, resume, {**recorded, **given}, notes + fitted)
+    run = start_run(s, rt, resume, {**recorded.flags, **given}, notes + fitted)
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         with run.log:
             evaluate(run)

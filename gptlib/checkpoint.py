@@ -230,17 +230,18 @@ def refuse_log_dir(spec, option):
 
 
 def recorded_flags(log_dir):
-    """(flags, path): the --NAME=VALUE flags the run in log_dir was started and resumed with ({name: value},
-    merged in order, the latest winning), as its newest checkpoint that opens records them, and that
-    checkpoint's path; flags None if it was written before they were recorded; ({}, None) without a
-    checkpoint. Read by every process before the process group exists, memory-mapped and not verified:
-    read_newest verifies the checkpoint the run resumes from."""
+    """(flags, config, path) of the run in log_dir, as its newest checkpoint that opens records them: the
+    --NAME=VALUE flags it was started and resumed with ({name: value}, merged in order, the latest winning;
+    None if written before they were recorded), the settings it ran with ({} if none) and that checkpoint's
+    path; ({}, {}, None) without a checkpoint. Read by every process before the process group exists,
+    memory-mapped and not verified: read_newest verifies the checkpoint the run resumes from."""
     for path in reversed(checkpoints(log_dir)):
         try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("flags"), path
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception:  # damaged: read_newest names it and moves it aside
             continue
-    return {}, None
+        return ckpt.get("flags"), ckpt.get("config", {}), path
+    return {}, {}, None
 
 
 def model_config(spec, option=None):
@@ -362,9 +363,9 @@ def continue_run(s, chosen, rt):
     built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
     command again continues it, a fine-tune too): unless this command names --init_from=scratch, or
     init_from names other weights than those the run started from (both refused: they would start a second
-    run whose checkpoints rotation mixes with the first's), or a setting it cannot change differs from the
-    run's (refuse_fixed). The settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint
-    that verifies and shares the verdict; a finished run ends here. A run from weights (a fine-tune, a resume
+    run whose checkpoints rotation mixes with the first's; what else it cannot change settings.combine refused:
+    refuse_fixed). The settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint that
+    verifies and shares the verdict; a finished run ends here. A run from weights (a fine-tune, a resume
     of one) has their shape; a shape the user chose (chosen: {name: where}) that differs is refused."""
     existing = checkpoints(s.log_dir)
     if s.eval_only and existing:
@@ -387,7 +388,6 @@ def continue_run(s, chosen, rt):
     s = dataclasses.replace(s, init_from=s.init_from if origin == "resume" else origin)
     if s.init_from not in ("scratch", "resume"):  # a fine-tune: its shape is its weights', as when it started
         s = weights_shape(s, chosen, meta["model_config"], s.init_from)
-    refuse_fixed(meta["config"], s, chosen)
     finished = meta["step"] >= s.max_steps
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
@@ -398,33 +398,33 @@ def continue_run(s, chosen, rt):
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
 
 
-def refuse_fixed(saved, s, chosen):
-    """A UserError if settings s change what the run saved with settings `saved` (a dict) cannot change
-    (FIXED), listing every difference, where the new value came from (source) and the two ways out; before
-    anything is fitted, read or built."""
-    now = same_paths(saved, dataclasses.asdict(s))
+def refuse_fixed(saved, cfg, chosen, block, started):
+    """A UserError if settings cfg (a dict, before any check) change what the run saved with settings `saved`
+    cannot change (FIXED; a run from weights has their shape, which weights_shape checks), listing every
+    difference, where the new value came from (source) and the two ways out; before anything is checked,
+    fitted, read or built."""
+    now = same_paths(saved, cfg)
     was = {k: saved.get(k, before) for k, before in FIXED.items()}
-    fixed = [k for k in FIXED if was[k] != now[k]]
+    from_weights = cfg["init_from"] not in ("scratch", "resume")
+    fixed = [k for k in FIXED if was[k] != now[k] and not (from_weights and k in MODEL)]
     if fixed:
-        raise UserError(f"the run in {s.log_dir} has "
-                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, s, now, chosen)})"
+        raise UserError(f"the run in {cfg['log_dir']} has "
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, now, block, chosen, started)})"
                                     for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={was[k]}" for k in fixed)
                         + ") to continue that run, or start a new one with --log_dir=NEW")
 
 
-def resume_changes(resume, s, chosen, world_size):
+def resume_changes(resume, s, chosen, world_size, started):
     """Notes of what this start-up changes in the run it resumes (what it cannot change: refuse_fixed), its
     saved settings compared with s once, after every preset, fallback and fit (a setting lowered again is no
-    change), each change with where it came from: chosen[name] (this command, a preset, the settings block),
-    else the settings block (s holds its value: an edit since) or this machine (a fit, the device, a
-    fallback). The log_dir is the run's wherever it is named from; a device or dtype saved as "auto" (before
-    they were resolved) is no change."""
+    change), each change with where it came from (source). The log_dir is the run's wherever it is named
+    from; a device or dtype saved as "auto" (before they were resolved) is no change."""
     saved = resume.meta["config"]
     now = same_paths(saved, dataclasses.asdict(s))
-    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, s, now, chosen)})" for k, v in now.items()
-               if k not in FIXED and k not in ("init_from", "log_dir") and k in saved
+    changed = [f"{k} {saved[k]!r} -> {v!r} ({source(k, now, block_of(s), chosen, started)})"
+               for k, v in now.items() if k not in FIXED and k not in ("init_from", "log_dir") and k in saved
                and saved[k] not in (v, "auto")]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != world_size:
@@ -434,14 +434,17 @@ def resume_changes(resume, s, chosen, world_size):
     return notes
 
 
-def source(k, s, now, chosen):
-    """Where setting k's value now (of settings s, as a dict) came from, for messages: chosen[k] (this
-    command, the run's command, a preset, the settings block), else the settings block (it holds the value:
-    an edit since; or a path it names, found from this folder) or this machine (a fit, the device, a
-    fallback)."""
-    block = block_of(s)[k]
-    in_block = now[k] == block or k in PATHS and bool(block) and same_path(block, now[k])
-    return chosen.get(k) or ("the settings block" if in_block else "this machine")
+def source(k, now, block, chosen, started):
+    """Where setting k's value now (settings as a dict) came from, for messages: chosen[k] (this command, the
+    run's command, a preset, the settings block edited), else this machine where the block holds another
+    value (a fit, the device, a fallback), else the block: its default where started[k] (a fallback or a fit
+    where the run started) had set the run's, or an edit since (a path it names, found from this folder)."""
+    in_block = now[k] == block[k] or k in PATHS and bool(block[k]) and same_path(block[k], now[k])
+    if k in chosen or not in_block:
+        return chosen.get(k, "this machine")
+    if k in started:
+        return f"the settings block's default; the run's came from {started[k]} where it started"
+    return "the settings block"
 
 
 def block_of(s):

@@ -17,13 +17,15 @@ import ast
 import dataclasses
 import difflib
 import os
+from typing import NamedTuple
 
 import torch
 
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
-from gptlib.checkpoint import MODEL, PATHS, block_of, recorded_flags, resume_changes, space_note
+from gptlib.checkpoint import (MODEL, PATHS, block_of, recorded_flags, refuse_fixed, resume_changes, same_path,
+                               space_note)
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.runtime import broadcast_object, print0
 from gptlib.trackers import TRACKERS
@@ -49,12 +51,13 @@ SHIPPED = {**SIZES["124M"], **RECIPES["gpt2"], "size": "", "recipe": "gpt2", "da
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
+    data_root=SHAKESPEARE, total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
     checkpoint_interval=300)
-CPU_CONFIG = dict(  # without a GPU: a model and schedule that train on 2 cores in a few minutes
+CPU_CONFIG = dict(  # without a CUDA GPU (a CPU, an Apple GPU): a model and schedule for 2 cores, a few minutes
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,
     compile=False)
+FALLBACKS = (("no-CUDA", CPU_CONFIG), ("no-shards", SHAKESPEARE_CONFIG))  # CPU_CONFIG's win where both set
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
@@ -74,47 +77,55 @@ def settings_type(block):
 # ------------------------------------------------------------------------------------------------------------
 # the whole resolution, in order
 
+class Recorded(NamedTuple):
+    """What a resume replays of the run in log_dir (run_flags): its commands' flags, the settings it ran with
+    (its files among them), and NOTEs about them."""
+    flags: dict = {}  # the --NAME=VALUE flags of its commands (the first command's, then each resume's)
+    config: dict = {}  # the settings it ran with: {} without a run
+    notes: list = []
+
+
 def run_flags(Settings, given):
-    """(recorded, notes): the flags the run in log_dir named ({} for none), which a resume replays before
-    this command's (given): its commands' flags, recorded in its newest checkpoint (the first command's, then
-    each resume's). Not for a command that starts afresh or only evaluates (refused later, in its own
+    """Recorded: what the run in log_dir replays before this command's flags (given), from its newest
+    checkpoint; nothing for a command that starts afresh or only evaluates (refused later, in its own
     words)."""
     if given.get("init_from") == "scratch" or given.get("eval_only"):
-        return {}, []
+        return Recorded()
     block = block_of(Settings)
-    recorded, path = recorded_flags(given.get("log_dir", block["log_dir"]))
+    recorded, config, path = recorded_flags(given.get("log_dir", block["log_dir"]))
     if recorded is None:  # written before the flags were recorded
-        return {}, [f"{path} predates recorded command lines: this resume runs with this command's flags "
-                    f"alone, so repeat every --NAME=VALUE the run's first command named"]
+        return Recorded({}, config, [f"{path} predates recorded command lines: this resume runs with this "
+                                     f"command's flags alone, so repeat every --NAME=VALUE the run's first "
+                                     f"command named"])
     takes = {k: {type(v), int} if type(v) is float else {type(v)} for k, v in block.items()}  # 1 for 1.0
     unknown = [k for k, v in recorded.items() if type(v) not in takes.get(k, ())]
     if unknown:
         raise UserError(f"{path} was started with --{unknown[0]}={recorded[unknown[0]]!r}, which this "
                         f"train_gpt2.py does not take: continue it with the code that wrote it, or start "
                         f"afresh with --log_dir=NEW")
-    return recorded, []
+    return Recorded(recorded, config)
 
 
 def runtime_options(Settings, recorded, given):
     """runtime.setup's arguments from the settings block and the flags (the run's recorded, then this
     command's): the device, the dtype and the collective timeout, which setting up the processes needs before
     anything else."""
-    asked = {**block_of(Settings), **recorded, **given}
+    asked = {**block_of(Settings), **recorded.flags, **given}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
     return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
 
 
-def resolve(Settings, recorded, given, rt, notes=()):
-    """(settings, chosen, notes): the settings block, then the run's recorded flags and this command's
-    (given), the presets, the fallbacks and every check (combine), for this runtime; chosen: {name: where the
-    user chose it}. Each NOTE (the runtime's, then those given, then combine's) is printed and returned for
-    the log. Under torchrun the recorded flags are rank 0's: a node that does not see log_dir reads none (its
-    device, dtype and collective_timeout came from them already: name those again if the run's first command
-    did)."""
+def resolve(Settings, recorded, given, rt):
+    """(settings, chosen, notes): the settings block, then what the run in log_dir recorded (Recorded) and this
+    command's flags (given), the presets, the fallbacks and every check (combine), for this runtime; chosen:
+    {name: where the user chose it}. Each NOTE (the runtime's, then the recorded run's, then combine's) is
+    printed and returned for the log. Under torchrun the recorded run is rank 0's: a node that does not see
+    log_dir reads none (its device, dtype and collective_timeout came from its flags already: name those again
+    if the run's first command did)."""
     if rt.distributed:
-        recorded, notes = broadcast_object((recorded, notes), rt.patient)
+        recorded = Recorded(*broadcast_object(tuple(recorded), rt.patient))
     s, chosen, own = combine(Settings, recorded, given, rt)
-    notes = rt.notes + list(notes) + own
+    notes = rt.notes + recorded.notes + own
     for note in notes:
         print0(f"NOTE: {note}")
     return s, chosen, notes
@@ -132,7 +143,7 @@ def fit(s, chosen, rt, resume):
     s, val_notes = one_validation_pass(s)
     notes += val_notes
     if resume is not None:  # what it cannot take was refused in continue_run
-        notes += resume_changes(resume, s, chosen, rt.world_size)
+        notes += resume_changes(resume, s, chosen, rt.world_size, first_start(resume.meta["config"]))
     if not s.eval_only and s.warmup_steps >= s.max_steps:
         notes.append(f"warmup_steps={s.warmup_steps} >= max_steps={s.max_steps}: the learning rate climbs "
                      f"for the whole run and never reaches max_lr={s.max_lr:g} (lower --warmup_steps)")
@@ -228,16 +239,21 @@ def absolute(values):
 # presets, fallbacks, checks
 
 def combine(Settings, recorded, given, rt):
-    """(settings, chosen, notes): the settings block, then the run's recorded flags and this command's
-    (given), the size and recipe presets, the fallbacks without data or a GPU, the checks, and whether
-    torch.compile works here, in that order, with the device kind and dtype rt runs. chosen: {name: where} of
-    each setting the user chose, which the presets and fallbacks keep: edited in the block (off SHIPPED),
-    named by a command, or set by a preset that was. A setting that cannot work is a UserError."""
-    block = block_of(Settings)
+    """(settings, chosen, notes): the settings block, then the run's recorded files and flags and this
+    command's (given), the size and recipe presets, the fallbacks without data or a GPU, what a resume cannot
+    change, the checks, and whether torch.compile works here, in that order, with the device kind and dtype rt
+    runs. chosen: {name: where} of each setting the user chose, which the presets and fallbacks keep: edited in
+    the block (off SHIPPED), named by a command, or set by a preset that was. The run's files (PATHS) as its
+    first start resolved them are the run's, wherever this command runs from, unless it names others. A setting
+    that cannot work is a UserError."""
+    block, saved = block_of(Settings), recorded.config
+    files = {k: saved[k] for k in PATHS if k in saved}
     chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
-              **dict.fromkeys(recorded, "the run's command"), **dict.fromkeys(given, "this command")}
-    cfg, chosen = apply_presets({**absolute(block), **recorded, **given}, chosen)
+              **dict.fromkeys(recorded.flags, "the run's command"), **dict.fromkeys(given, "this command")}
+    cfg, chosen = apply_presets({**absolute(block), **files, **recorded.flags, **given}, chosen)
     cfg, notes = apply_fallbacks(cfg, chosen, rt)
+    if saved:  # before the checks, which would blame a flag the run's own command named
+        refuse_fixed(saved, cfg, chosen, block, first_start(saved))
     validate(cfg, rt)
     if cfg["compile"] and rt.kind == "mps":
         notes.append("compile=True: torch.compile is not used on Apple GPUs (mps); running eager")
@@ -246,6 +262,13 @@ def combine(Settings, recorded, given, rt):
         notes.append(f"compile=True but {runtime.eager_note(why)}")
         cfg["compile"] = False
     return Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype}), chosen, notes
+
+
+def first_start(saved):
+    """{name: what set it when the run started} of the settings a fallback or a fit sets (SHIPPED), by the
+    value the run saved: a resume that sets one otherwise says so (checkpoint.source)."""
+    return {k: next((f"the {why} fallback" for why, small in FALLBACKS if small.get(k) == v),
+                    "a fit to that machine") for k, v in saved.items() if k in SHIPPED}
 
 
 def apply_presets(cfg, chosen):
@@ -272,19 +295,22 @@ def apply_fallbacks(cfg, chosen, rt):
     a resume may change it, as B): B is lowered where needed to keep it whole, with its own NOTE."""
     small, why, notes = {}, [], []
     doing = "evaluating" if cfg["eval_only"] else "training"
-    if "data_root" not in chosen and cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
+    no_shards = "data_root" not in chosen and cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR)
+    if no_shards:
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
                             f"directory you run from): make them there with `python fineweb.py`, pass "
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): {doing} on "
                      "input.txt")
-        small.update(data_root=SHAKESPEARE, **SHAKESPEARE_CONFIG)
+    if no_shards or "data_root" not in chosen and same_path(cfg["data_root"], SHAKESPEARE):  # or a resume of it
+        small.update(SHAKESPEARE_CONFIG)
         why.append("input.txt")
-    if rt.kind != "cuda":
-        notes.append(f"no CUDA device: {doing} on the CPU")
+    if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
+        where = "an Apple GPU (mps)" if rt.kind == "mps" else "the CPU"
+        notes.append(f"no CUDA device: {doing} on {where}")
         small.update(CPU_CONFIG)
-        why.append("the CPU")
+        why.append(where)
     if cfg["init_from"] not in ("scratch", "resume"):  # weights: the model's shape is theirs
         small = {k: v for k, v in small.items() if k not in MODEL}
     changed = {k: v for k, v in small.items() if k not in chosen and cfg[k] != v}

@@ -263,7 +263,7 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
     assert not os.path.exists(tmp_path / "log")  # and no empty log_dir left behind
 
 
-def test_what_a_resume_may_change(tmp_path, monkeypatch):
+def test_what_a_resume_may_change():
     """What a resume may change: B, learning rates and weight decay (one NOTE, each change with where it came
     from); what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
     from types import SimpleNamespace
@@ -272,16 +272,30 @@ def test_what_a_resume_may_change(tmp_path, monkeypatch):
     saved = dict(block, B=4)
 
     def changes(now, given=(), world=1, config=saved):
-        """continue_run's refusal, then fit's NOTEs, for settings now against the saved config."""
+        """combine's refusal, then fit's NOTEs, for settings now against the saved config."""
         resume, chosen = SimpleNamespace(meta={"config": config, "world_size": world}, step=0), dict.fromkeys(
             given, "this command")
-        checkpoint.refuse_fixed(config, Settings(**now), chosen)
-        return checkpoint.resume_changes(resume, Settings(**now), chosen, 1)
+        started = settings.first_start(config)
+        checkpoint.refuse_fixed(config, now, chosen, block, started)
+        return checkpoint.resume_changes(resume, Settings(**now), chosen, 1, started)
     assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
         "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
-    said = changes(dict(saved, B=64, max_lr=1e-3))
-    assert said[0] == ("changed since the checkpoint: B 4 -> 64 (the settings block), max_lr 0.0006 -> 0.001 "
-                       "(this machine)") and said[1].startswith("the learning rate of step 1 is 1.40e-06")
+    said = changes(dict(saved, B=64, max_lr=1e-3))  # the block's B, unedited: the run's 4 was a fit
+    assert said[0] == ("changed since the checkpoint: B 4 -> 64 (the settings block's default; the run's came "
+                       "from a fit to that machine where it started), max_lr 0.0006 -> 0.001 (this machine)")
+    assert said[1].startswith("the learning rate of step 1 is 1.40e-06")
+    # a run started on a CPU, resumed on a GPU: its values came from the no-CUDA fallback, not the block
+    cpu = dict(saved, **settings.CPU_CONFIG)
+    assert changes(dict(cpu, max_lr=6e-4, val_tokens=block["val_tokens"]), config=cpu)[0] == (
+        "changed since the checkpoint: max_lr 0.003 -> 0.0006 (the settings block's default; the run's came from "
+        "the no-CUDA fallback where it started), val_tokens 8192 -> 10485760 (the settings block's default; the "
+        "run's came from the no-CUDA fallback where it started)")
+    with pytest.raises(UserError, match="n_layer=4 \\(now 12, the settings block's default; the run's came from "
+                                        "the no-CUDA fallback where it started\\)"):
+        changes(dict(cpu, n_layer=12), config=cpu)
+    block_edit = dict(saved, weight_decay=0.2)  # not a setting a fallback sets: the block edited since
+    assert changes(saved, config=block_edit) == [
+        "changed since the checkpoint: weight_decay 0.2 -> 0.1 (the settings block)"]
     assert changes(saved, world=2) == ["processes changed since the checkpoint: 2 -> 1"]
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
                        ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon"),
@@ -301,12 +315,6 @@ def test_what_a_resume_may_change(tmp_path, monkeypatch):
     here = os.path.abspath("input.txt")
     assert changes(dict(saved, data_root=here, hellaswag_data=here), config=dict(
         saved, data_root="input.txt", hellaswag_data="./input.txt")) == []
-    # a run of the no-shards fallback resumed where the block's edu_fineweb10B exists: the block's, found here
-    monkeypatch.chdir(tmp_path)
-    os.mkdir(block["data_root"])
-    with pytest.raises(UserError, match=f"data_root='{here}' \\(now '{tmp_path / block['data_root']}', the "
-                                        f"settings block\\)"):
-        changes(dict(saved, data_root=str(tmp_path / block["data_root"])), config=dict(saved, data_root=here))
     # a device and dtype saved as "auto" (before settings held what ran) are not a change
     now = dict(saved, device="cpu", dtype="fp32")
     assert changes(now, config=dict(saved, device="auto", dtype="auto")) == []
@@ -333,19 +341,25 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text)
 
 # ------------------------------------------------------------------------------------------------ settings
 
-@pytest.mark.parametrize("use_cuda, world_size", [(True, 1), (True, 8), (False, 1), (False, 2)])
-def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, use_cuda, world_size):
+@pytest.mark.parametrize("kind, world_size", [("cuda", 1), ("cuda", 8), ("cpu", 1), ("cpu", 2), ("mps", 1)])
+def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, kind, world_size):
     """No shards (and maybe no GPU): the settings chosen make a valid run on input.txt, with a batch of the
     same number of tokens whatever the number of processes (B is lowered to keep it whole), so a resume may
-    change B or the number of processes. Under torchrun, missing shards are a mistake, not a demo."""
+    change B or the number of processes. Under torchrun, missing shards are a mistake, not a demo. An Apple
+    GPU (a faked mps) trains the laptop's model, said as such, eager in fp32."""
     from dataloader import DataLoaderLite
     from gptlib.runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
-    rt = Runtime(world_size=world_size, kind="cuda" if use_cuda else "cpu")
+    rt = Runtime(world_size=world_size, kind=kind, device=kind)
     cfg, notes = settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
     assert cfg["data_root"] == settings.SHAKESPEARE and notes[0].startswith("no shards in edu_fineweb10B/")
-    assert notes[1].startswith("no CUDA device") != use_cuda and any("settings for input.txt" in n for n in notes)
-    assert cfg["total_batch_size"] == (4096 if use_cuda else 2048)
+    where = {"cuda": None, "cpu": "the CPU", "mps": "an Apple GPU (mps)"}[kind]
+    assert notes[1] == f"no CUDA device: training on {where}" if where else "settings for input.txt" in notes[1]
+    assert cfg["total_batch_size"] == (4096 if kind == "cuda" else 2048)
+    if kind == "mps":
+        s, _, notes = settings.combine(train_gpt2.Settings, settings.Recorded(), {}, rt)
+        assert (s.device, s.dtype, s.compile, s.n_embd) == ("mps", "fp32", False, settings.CPU_CONFIG["n_embd"])
+        assert notes[-1].startswith(f"settings for input.txt and {where}: ")
     assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
     for split in ("train", "val"):  # raises if a split is shorter than one step
         DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
@@ -658,7 +672,7 @@ def test_compile_is_not_used_on_an_apple_gpu(text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
     from gptlib.runtime import Runtime
-    s, _, notes = settings.combine(train_gpt2.Settings, {}, {"compile": True, "data_root": text},
+    s, _, notes = settings.combine(train_gpt2.Settings, settings.Recorded(), {"compile": True, "data_root": text},
                                    Runtime(kind="mps", device="mps"))
     assert s.compile is False
     assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
@@ -864,9 +878,23 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
     kept = start["fallbacks"][2].split("; kept from the settings block: ")[1]
     assert sorted(kept.split(", ")) == ["eval_interval=1", "max_steps=2", "n_layer=1"]
     assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
-    s, _, notes = settings.combine(edited.Settings, {}, {"compile": False}, Runtime(kind="cuda"))
+    s, _, notes = settings.combine(edited.Settings, settings.Recorded(), {"compile": False}, Runtime(kind="cuda"))
     assert (s.n_layer, s.max_steps, s.eval_interval, s.T) == (1, 2, 1, 256)  # input.txt's T: not edited
     assert notes[-1].endswith("; kept from the settings block: max_steps=2, eval_interval=1")
+    # resumed from another folder (one with an edu_fineweb10B/ of its own), and under torchrun from one
+    # without: the run's files as its first start resolved them (the fallback's input.txt), with its settings
+    (tmp_path / "elsewhere" / "edu_fineweb10B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert edited.main([f"--log_dir={log}", "--max_steps=3"]) == 0
+    resumed = [r for r in records(log) if r.get("event") == "start"][-1]["config"]
+    assert {k: resumed[k] for k in start["config"] if k != "max_steps"} == {
+        k: v for k, v in start["config"].items() if k != "max_steps"}
+    monkeypatch.chdir(tmp_path)
+    given = {"log_dir": log, "max_steps": 4}
+    s, _, _ = settings.combine(edited.Settings, settings.run_flags(edited.Settings, given), given,
+                               Runtime(distributed=True, world_size=2))
+    assert (s.data_root, s.total_batch_size, s.T, s.n_embd) == tuple(start["config"][k] for k in (
+        "data_root", "total_batch_size", "T", "n_embd"))
     (tmp_path / "b").mkdir()
     again = edited_script(tmp_path / "b", n_layer=2, max_steps=3, eval_interval=1)
     with pytest.raises(UserError, match=r"^the run in .*log has n_layer=1 \(now 2, the settings block\), "
@@ -885,6 +913,9 @@ def test_a_resume_refuses_before_it_fits_and_knows_a_relative_origin(tmp_path, m
     with pytest.raises(UserError, match=r"^the run in .*log has T=32 \(now 512, this command\), "
                                         r"total_batch_size=512 \(now 2048, this command\), which a resume"):
         train_gpt2.main([f"--log_dir={log}", "--T=512", "--total_batch_size=2048"])
+    for flag in ("--T=256", "--total_batch_size=64"):  # before the checks of the run's own --B=4, which fail
+        with pytest.raises(UserError, match=rf"^the run in .*log has {flag[2:].split('=')[0]}=.* which a resume"):
+            train_gpt2.main([f"--log_dir={log}", flag])
     *_, weights = checkpoints(reference[2])
     shutil.copy(weights, tmp_path / "w.pt")
     monkeypatch.chdir(tmp_path)
@@ -919,9 +950,9 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
             checkpoint.save_checkpoint({**{k: v for k, v in ckpt.items() if k != "checksum"}, "flags": flags},
                                        path)
         given = {**given, "log_dir": str(log)}
-        recorded, notes = settings.run_flags(train_gpt2.Settings, given)
+        recorded = settings.run_flags(train_gpt2.Settings, given)
         s, chosen, _ = settings.combine(train_gpt2.Settings, recorded, given, Runtime())
-        return s, notes
+        return s, recorded.notes
     s, notes = resolve({"recipe": "modern", "max_lr": 1e-2, "embed_lr": 0.01, "data_root": text},
                        {"recipe": "modern", "max_steps": 3})
     assert (s.max_lr, s.embed_lr, s.head_lr, s.optimizer, s.max_steps) == (1e-2, 0.01, 0.004, "muon", 3)
@@ -934,7 +965,8 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
                                           "every --NAME=VALUE the run's first command named"]
     s, _ = resolve({"max_lr": 1e-2, "data_root": text}, {"init_from": "scratch"})  # a new run: refused later
     assert s.max_lr == 3e-3
-    assert settings.run_flags(train_gpt2.Settings, {"eval_only": True, "log_dir": str(tmp_path / "0")}) == ({}, [])
+    assert settings.run_flags(train_gpt2.Settings, {"eval_only": True, "log_dir": str(tmp_path / "0")}) == (
+        {}, {}, [])
     s, _ = resolve({"weight_decay": 0, "data_root": text}, {})  # an int where the block has a float will do
     assert s.weight_decay == 0
     for flags in ({"chunked_loss": True}, {"max_lr": "high"}):
