@@ -405,7 +405,7 @@ def refuse_fixed(saved, cfg, chosen, block, started):
     fitted, read or built."""
     now = same_paths(saved, cfg)
     was = {k: saved.get(k, before) for k, before in FIXED.items()}
-    from_weights = cfg["init_from"] not in ("scratch", "resume")
+    from_weights = {saved.get("init_from", "scratch"), cfg["init_from"]} - {"scratch", "resume"}  # its origin
     fixed = [k for k in FIXED if was[k] != now[k] and not (from_weights and k in MODEL)]
     if fixed:
         raise UserError(f"the run in {cfg['log_dir']} has "

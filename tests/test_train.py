@@ -838,6 +838,8 @@ def test_extending_a_fine_tune_keeps_what_its_command_named(tmp_path, monkeypatc
     assert ("NOTE: changed since the checkpoint: max_lr 0.001 -> 0.002 (this command), max_steps 4 -> 6 (this "
             "command)\n") in said
     assert [r for r in records(log) if r.get("event") == "start"][-1]["config"]["max_lr"] == 2e-3
+    assert train_gpt2.main(["--init_from=resume", f"--log_dir={log}"]) == 0  # its weights' shape, not the block's
+    assert "already finished at step 6" in capsys.readouterr().out
 
 
 def edited_script(folder, **edits):
