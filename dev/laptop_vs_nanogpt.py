@@ -19,6 +19,8 @@ run where it is, never copied: its data is prepared once by its own prepare.py i
 its files (prepare.py reads the input.txt beside it, train.py reads configurator.py, config/ and data/ from
 the folder it runs in), and its model is loaded by its own model.py. --peer_flags are added after the
 recipe's (nanoGPT's configurator: the last wins). --keep DIR keeps the runs' folders (default: removed).
+--text PATH trains both on another ASCII text (each --ours then needs --data_root=PATH: a plain run's
+fallback is input.txt); the tests' is short.
 
 The held-out bytes: each project cuts input.txt at 90% for its validation, ours by GPT-2 tokens (the
 tokens of <|endoftext|> + the text, cut at int(0.9 * n): dataloader.split_point), nanoGPT's by characters
@@ -127,7 +129,7 @@ def held_out(text, peer_folder):
         data = f.read()
     if not data.isascii() or b"\r" in data:
         raise UserError(f"{text}: not ASCII text with \\n line ends, so nanoGPT's characters would not be "
-                        "its bytes: measure on this repository's input.txt")
+                        "its bytes: give an ASCII text, such as input.txt")
     (_, ours), = DataLoaderLite.open_split(text, "val")
     ours = get_encoding().decode_bytes(ours.tolist())  # <|endoftext|> (the text's first token) decodes to b""
     with open(os.path.join(peer_folder, PEER_DATA, "meta.pkl"), "rb") as f:
@@ -154,21 +156,25 @@ def nll_bits(loss_sum, ids, context):
     return total / math.log(2)
 
 
-def score_ours(path, text_bytes):
-    """(bits per byte on text_bytes, the model, the checkpoint) of our checkpoint at path, in windows of the
-    T it trained at."""
-    ckpt = load_checkpoint(path)
-    model = load_model(path).eval()
+def score_ours(model, T, text_bytes):
+    """Bits per byte of our model on text_bytes, in windows of T tokens (the T it trained at)."""
     enc = get_encoding()
     ids = enc.encode_ordinary(text_bytes.decode())
-    T = ckpt["config"]["T"]
 
     def loss_sum(x, y):
         return model(x, y, reduction="none")[1].sum().item()
 
     lengths = token_bytes(enc, model.config.vocab_size)
-    bpb = nll_bits(loss_sum, ids, T) / sum(lengths[t] for t in ids[1:])
-    return bpb, model, ckpt
+    return nll_bits(loss_sum, ids, T) / sum(lengths[t] for t in ids[1:])
+
+
+def check_trained_on(ckpt, text, flags):
+    """A UserError unless our checkpoint's run trained on text (its data_root, from the root it ran in)."""
+    data_root = os.path.join(ROOT, ckpt["config"]["data_root"])
+    if not os.path.isfile(data_root) or not os.path.samefile(data_root, text):
+        raise UserError(f"train_gpt2.py {flags} trained on {data_root}, not {text}: pass --data_root={text} "
+                        "in --ours, or (for input.txt) move edu_fineweb10B/ out of the project's root, where "
+                        "a plain run trains on it")
 
 
 def peer_model(peer, ckpt_path):
@@ -204,11 +210,10 @@ def ours_run(flags, work, k, text, held):
     found = checkpoints(log_dir)
     if not found:
         raise UserError(f"train_gpt2.py {flags} wrote no checkpoint in {log_dir}")
-    bpb, model, ckpt = score_ours(found[-1], held)
-    data_root = os.path.join(ROOT, ckpt["config"]["data_root"])  # a relative one: from the root it ran in
-    if not os.path.isfile(data_root) or not os.path.samefile(data_root, text):
-        raise UserError(f"train_gpt2.py {flags} trained on {data_root}, not {text}: pass no --data_root, "
-                        "and move edu_fineweb10B/ out of the project's root (where a plain run trains on it)")
+    ckpt = load_checkpoint(found[-1])
+    check_trained_on(ckpt, text, flags)
+    model = load_model(found[-1]).eval()
+    bpb = score_ours(model, ckpt["config"]["T"], held)
     texts, _, _ = sample(Engine(model, False), PROMPT, 1, OURS_TOKENS, TEMPERATURE, TOP_K, SEED, Runtime())
     return dict(wall=wall, cpu=cpu, steps=ckpt["step"], bpb=bpb, sample=texts[0],
                 note=f"T={ckpt['config']['T']}")
@@ -267,8 +272,14 @@ def main():
     parser.add_argument("--peer_flags", default="", metavar="FLAGS",
                         help="nanoGPT's train.py flags after its recipe's, quoted")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs' folders in DIR (new)")
+    parser.add_argument("--text", default=SHAKESPEARE, metavar="PATH",
+                        help="the text both train on (default: input.txt, where a plain train_gpt2.py run "
+                        "falls back to; another needs --data_root=PATH in each --ours)")
     args = parser.parse_args()
     check_range("--pairs", args.pairs, 1)
+    if not os.path.isfile(args.text):
+        raise UserError(f"--text {args.text}: no such file")
+    text = os.path.abspath(args.text)
     peer = check_peer(args.peer)
     if args.keep and os.path.exists(args.keep):
         raise UserError(f"--keep {args.keep} exists: name a new folder")
@@ -278,9 +289,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = os.path.abspath(args.keep) if args.keep else tmp
         os.makedirs(work, exist_ok=True)
-        folder = prepare_peer(peer, SHAKESPEARE, work)
-        offset, held = held_out(SHAKESPEARE, folder)
-        print(f"held-out: {SHAKESPEARE} from byte {offset:,} to its end, {len(held):,} bytes; nanoGPT: "
+        folder = prepare_peer(peer, text, work)
+        offset, held = held_out(text, folder)
+        print(f"held-out: {text} from byte {offset:,} to its end, {len(held):,} bytes; nanoGPT: "
               f"{peer}; {args.pairs} round(s) in turns: {', '.join(label(*side) for side in sides)}",
               flush=True)
         results = {side: [] for side in sides}
@@ -288,7 +299,7 @@ def main():
             for i, (side, flags) in enumerate(sides):
                 k = f"{r}_{i}"
                 got = (peer_run(peer, folder, flags, work, k, held) if side == "peer" else
-                       ours_run(flags, work, k, SHAKESPEARE, held))
+                       ours_run(flags, work, k, text, held))
                 results[side, flags].append(got)
                 print(f"\nround {r + 1}, {label(side, flags)}: {got['wall']:.1f} s, {got['cpu']:.1f} CPU-s, "
                       f"{got['steps']} steps ({got['note']}), held-out {got['bpb']:.4f} bpb; sample:\n"
@@ -299,7 +310,7 @@ def main():
                                                  (("wall", ".0f"), ("cpu", ".0f"), ("steps", ".0f"),
                                                   ("bpb", ".4f"))) + " |")
     print(f"\nmedians of {args.pairs} round(s) (range); held-out: bytes {offset:,} to {offset + len(held):,} "
-          "of input.txt, each model in windows of its own context")
+          f"of {os.path.basename(text)}, each model in windows of its own context")
 
 
 if __name__ == "__main__":
