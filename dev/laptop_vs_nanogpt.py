@@ -5,7 +5,7 @@ wall time, the CPU seconds of its processes (user + system), its steps, its held
 end, a table of medians (with ranges) over the rounds. Measure on an idle machine: a loaded one changes the
 ratio, not only the times.
 
-    python dev/laptop_vs_nanogpt.py --peer ../shared/peers/nanogpt                 # 3 rounds, ~11 min alone
+    python dev/laptop_vs_nanogpt.py --peer ../shared/peers/nanogpt                 # 3 rounds, ~12 min alone
     python dev/laptop_vs_nanogpt.py --peer PEER --ours "" --ours="--recipe=modern" --ours="--n_layer=8"
     python dev/laptop_vs_nanogpt.py --peer PEER --only ours --ours="--recipe=modern" --pairs 1
     python dev/laptop_vs_nanogpt.py --peer PEER --pairs 1 --ours="--max_steps=10" \\
@@ -44,7 +44,9 @@ tok/s; its --peer is llm.c's GPU reference at the same B and T), in one process 
 measures what whole runs of two projects leave behind (quality in the time a laptop gives), run after run
 for minutes, and is the harness the CPU default's sweep runs.
 """
+import contextlib
 import importlib.util
+import io
 import math
 import os
 import pickle
@@ -104,7 +106,8 @@ def run(cmd, cwd, out):
     if done.returncode:
         with open(out) as f:
             last = (f.read().strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"{' '.join(cmd)} (in {cwd}) failed, exit status {done.returncode}: {last}")
+        raise UserError(f"{' '.join(cmd)} (in {cwd}) failed, exit status {done.returncode}: {last} (its "
+                        f"whole output: {out}, kept with --keep DIR)")
     return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
@@ -185,7 +188,8 @@ def peer_model(peer, ckpt_path):
     sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    model = module.GPT(module.GPTConfig(**ckpt["model_args"]))
+    with contextlib.redirect_stdout(io.StringIO()):  # its count of parameters, not this run's output
+        model = module.GPT(module.GPTConfig(**ckpt["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.eval(), ckpt
 
