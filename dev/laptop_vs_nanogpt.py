@@ -272,7 +272,8 @@ def main():
     parser.add_argument("--pairs", type=int, default=3, help="rounds, each every --ours run then nanoGPT's")
     parser.add_argument("--only", choices=("ours", "peer"), default=None, help="run one side alone")
     parser.add_argument("--ours", action="append", default=None, metavar="FLAGS",
-                        help="a candidate's train_gpt2.py flags, as --ours=\"FLAGS\" (repeatable; default: none)")
+                        help="a candidate's train_gpt2.py flags, as --ours=\"FLAGS\" (repeatable; default: "
+                        "none)")
     parser.add_argument("--peer_flags", default="", metavar="FLAGS",
                         help="nanoGPT's train.py flags after its recipe's, as --peer_flags=\"FLAGS\"")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep the runs' folders in DIR (new)")
