@@ -100,7 +100,7 @@ def test_the_step_runs_at_the_B_given(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench.py", "--help"])
     with pytest.raises(SystemExit):
         bench.main()
-    assert "the step's and the peer's 64" in " ".join(capsys.readouterr().out.split())
+    assert "the step's, the levers' and the peer's 64" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.slow
