@@ -253,8 +253,9 @@ def levers(size, s, B, T, rt, steps, warmup):
     how, per = "compiled" if s["compile"] else "eager", max(1, steps // ROUNDS)
     lines = [f"the levers, each a variant of the step at B={B}, T={T} ({how}; the default's compiling "
              f"{WARMING[0] - before:.1f} s, its attention "
-             f"{attention_ran(default)}), A/B in turns against it, {ROUNDS} rounds, medians of {ROUNDS * per} steps "
-             f"after {warmup} warm-up; a lever wins at {WINS:.2f}x or more without more memory:", "",
+             f"{attention_ran(default)}), A/B in turns against it, {ROUNDS} rounds, medians of "
+             f"{ROUNDS * per} steps after {warmup} warm-up; a lever wins at {WINS:.2f}x or more without more "
+             "memory:", "",
              "| lever | default ms/step | lever ms/step (range) | tok/s | lever / default | compiling | "
              "peak over what was held, default / lever | attention | wins |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
