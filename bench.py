@@ -8,6 +8,7 @@ GPU figure docs/speed.md quotes, in one command.
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
     python bench.py --only step --B 32   # the training step as train_gpt2.py runs it (default B=64)
+    python bench.py --only levers --levers flash,coordinate   # variants of that step, A/B'd in turns
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
     python bench.py --report gpu_report --peer ../llm.c/train_gpt2.py         # and llm.c's reference
 
@@ -17,9 +18,13 @@ timed over train_gpt2.py's own training step (train_step: forward, backward, cli
 tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median and the
 range reported (a rung that runs out of memory says so). Then: where the last rung's step time goes
 (torch.profiler: cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full
-recomputation, accounting.py's memory estimate vs the peaks measured (eager and compiled), the micro-batch
-each card holds by it, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory bandwidth,
-at two row lengths. The last line says how long the process spent compiling and warming up.
+recomputation and where a decode step's time goes (sampling, attention, matmuls, copies, the rest, the
+host's gaps) against the time its bytes take at the memory bandwidth, accounting.py's memory estimate vs
+the peaks measured (eager and compiled), the micro-batch each card holds by it, and the fused softmax kernel
+(fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths. The last line says how long
+the process spent compiling and warming up. --only levers: each of LEVERS (SDPA forced to a backend,
+Inductor's coordinate descent, max-autotune) a variant of the step timed in turns against it; one wins at 3%
+or more without more memory, and only then becomes a setting.
 
 --report DIR runs gpu_report.sections(), each in its own process, keeping each one's raw output beside
 DIR/report.md, which names the GPU, the versions, the date and the commit.
@@ -241,9 +246,9 @@ def compile_apart(lever, size, s, B, T, device, limit):
     return rc, time.time() - t0
 
 
-def levers(size, s, B, T, rt, steps, warmup):
-    """Each of LEVERS A/B'd against the default step (s: every rung on) at B x T: both built and warmed up
-    (the lever's compiling: its warm-up over as many settled steps), then timed in turns, ROUNDS of
+def levers(size, s, B, T, rt, steps, warmup, names=tuple(LEVERS)):
+    """Each of LEVERS named A/B'd against the default step (s: every rung on) at B x T: both built and warmed
+    up (the lever's compiling: its warm-up over as many settled steps), then timed in turns, ROUNDS of
     steps / ROUNDS each; each side's median and range, the ratio of the medians, its peak memory over what
     was held before its steps (both sides' weights and optimizer states stay), the attention it ran."""
     cuda = rt.kind == "cuda"
@@ -260,7 +265,8 @@ def levers(size, s, B, T, rt, steps, warmup):
              "peak over what was held, default / lever | attention | wins |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     print("\n".join(lines), flush=True)
-    for lever, (label, how) in LEVERS.items():
+    for lever in names:
+        label = LEVERS[lever][0]
         why, apart = unavailable(lever, s, rt, size, B, T)
         if why:
             lines.append(f"| {label} | n/a: {why} | | | | | | | |")
@@ -782,6 +788,9 @@ def main():
                         help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, "
                         "which you name) against train_gpt2.py at the step's B, in turns, on the same "
                         "random-token shards, --warmup steps then --steps timed")
+    parser.add_argument("--levers", default=",".join(LEVERS),
+                        help=f"--only levers: comma-separated levers to A/B (default: all, "
+                        f"{', '.join(LEVERS)})")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "
                         "continues from it)")
@@ -817,6 +826,9 @@ def main():
         raise UserError(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
     if len(skip) == len(RUNGS):
         raise UserError("--skip leaves no rung to measure")
+    names = [x for x in args.levers.split(",") if x]
+    if not names or set(names) - set(LEVERS):
+        raise UserError(f"--levers {args.levers}: levers are {', '.join(LEVERS)}")
     compiles = "False" if "compile" in skip else "auto"  # generation's and CORE's --compile: on CUDA
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
@@ -852,7 +864,7 @@ def main():
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
         elif part == "levers":
-            report += levers(size, {**BASE, **every}, step_B, T, rt, steps, warmup)
+            report += levers(size, {**BASE, **every}, step_B, T, rt, steps, warmup, names)
         elif part == "generation":
             compile, _ = runtime.compile_choice(compiles, rt)
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))

@@ -37,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 def sections(out, cuda, device, hellaswag_data, peer=None):
     """[(name, title, argv)] in the order they run: what a decision needs first (the checks, the training
     step at B=64, llm.c's reference where --peer names it, generation: docs/speed.md's first call), then the
-    rest (its second: the ladder, the script, HellaSwag, CORE, the levers). On a CPU: tiny sizes, no compile
-    (minutes on 2 cores)."""
+    rest (the ladder, the script, HellaSwag, CORE, the levers). On a CPU: tiny sizes, no compile (minutes
+    on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
     few = [] if cuda else ["--steps", "1", "--warmup", "1"]
@@ -80,10 +80,12 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
          bench("core", "--only", "core", *data)),
-        ("levers", "the levers: variants of the step at B=64, each A/B'd in turns against it" if cuda else
-                   "the levers: variants of the step, each A/B'd in turns against it",
-         bench("levers", "--only", "levers", *quick)),
-    ]
+    ] + [(name, f"{what}, A/B'd in turns against the step" + (" at B=64" if cuda else ""),
+          bench(name, "--only", "levers", "--levers", levers, *quick)) for name, what, levers in [
+        # a section each where their compiling is long: one stopped by --budget loses no other's
+        ("levers", "the levers: SDPA forced to each fused backend", "flash,cudnn,efficient"),
+        ("tuning", "the lever coordinate_descent_tuning", "coordinate"),
+        ("autotune", "the lever max-autotune-no-cudagraphs (stopped at 4 minutes of compiling)", "autotune")]]
 
 
 def environment(device, commit):

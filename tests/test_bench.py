@@ -351,7 +351,8 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
                         "--commit", "abc1234", "--peer", os.path.relpath(STANDIN, tmp_path)], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    names = ["checks", "step", "peer", "generation", "training", "script", "hellaswag", "core", "levers"]
+    names = ["checks", "step", "peer", "generation", "training", "script", "hellaswag", "core", "levers", "tuning",
+             "autotune"]
     assert re.findall(r"^== (\w+): ", r.stdout, re.M) == names
     row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \| "
                      r"(n/a|[\d.]+ s) \|$", re.M)
@@ -365,7 +366,7 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     hellaswag = max(0.0, cold - statistics.median(later))
     assert abs(warming["hellaswag"] - hellaswag) <= 0.06, (cold, later, warming)
     assert warming["peer"] >= 0.9, warming  # the stand-in's first step: 0.5 s over its others, in each run
-    assert re.search(r"^9 sections, \d+ s in all", report, re.M)
+    assert re.search(r"^11 sections, \d+ s in all", report, re.M)
     assert (out / "inductor_cache").is_dir()  # every section's compiles go there
     assert "commit abc1234" in report and "torch " in report
     for name in names:
@@ -390,7 +391,7 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
                                "other (LayerNorm, GELU, adds, embedding)", "idle (launch gaps, CPU overhead)"]
         assert all(float(parts[p]) > 0 for p in ("sampling (the logits to a token: argmax)", "attention",
                                                  "matmuls (linear layers, lm_head)")), parts
-    levers = (out / "levers.md").read_text()
+    levers = "".join((out / f"{name}.md").read_text() for name in ("levers", "tuning", "autotune"))
     assert re.search(r"^the levers, each a variant of the step at B=8, T=64 \(eager; the default's compiling "
                      r"[\d.]+ s, its attention flash\), A/B in turns", levers, re.M), levers
     flash = re.search(r"^\| SDPA forced to flash \| ([\d.]+) \| ([\d.]+) \([\d.]+-[\d.]+\) \| [\d,]+ \| ([\d.]+)x "
