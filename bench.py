@@ -8,6 +8,7 @@ GPU figure docs/speed.md quotes, in one command.
     python bench.py --only generation    # generate(): KV-cache (compiled, CUDA graph) vs recomputing
     python bench.py --only core --hellaswag_data hellaswag_val.jsonl   # core_eval.py on 31,351 examples
     python bench.py --only step --B 32   # the training step as train_gpt2.py runs it (default B=64)
+    python bench.py --only levers --levers flash,coordinate   # variants of that step, A/B'd in turns
     python bench.py --report gpu_report --hellaswag_data hellaswag_val.jsonl   # everything: report.md
     python bench.py --report gpu_report --peer ../llm.c/train_gpt2.py         # and llm.c's reference
 
@@ -17,9 +18,13 @@ timed over train_gpt2.py's own training step (train_step: forward, backward, cli
 tokens, warm-up steps (and compiling) excluded, the GPU synchronised around each step, the median and the
 range reported (a rung that runs out of memory says so). Then: where the last rung's step time goes
 (torch.profiler: cross-entropy, attention, optimizer, matmuls, the rest, idle), KV-cache generation vs full
-recomputation, accounting.py's memory estimate vs the peaks measured (eager and compiled), the micro-batch
-each card holds by it, and the fused softmax kernel (fused_softmax.py) in GB/s against the memory bandwidth,
-at two row lengths. The last line says how long the process spent compiling and warming up.
+recomputation and where a decode step's time goes (sampling, attention, matmuls, copies, the rest, the
+host's gaps) against the time its bytes take at the memory bandwidth, accounting.py's memory estimate vs
+the peaks measured (eager and compiled), the micro-batch each card holds by it, and the fused softmax kernel
+(fused_softmax.py) in GB/s against the memory bandwidth, at two row lengths. The last line says how long
+the process spent compiling and warming up. --only levers: each of LEVERS (SDPA forced to a backend,
+Inductor's coordinate descent, max-autotune) a variant of the step timed in turns against it; one wins at 3%
+or more without more memory, and only then becomes a setting.
 
 --report DIR runs gpu_report.sections(), each in its own process, keeping each one's raw output beside
 DIR/report.md, which names the GPU, the versions, the date and the commit.
@@ -27,6 +32,7 @@ DIR/report.md, which names the GPU, the versions, the date and the commit.
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import re
 import statistics
@@ -36,10 +42,12 @@ import tempfile
 import time
 
 import torch
+from torch._inductor import config as inductor_config
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptlib import gpu_check, runtime
 from gptlib.accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
-from gptlib.engine import Engine
+from gptlib.engine import Engine, own_copy, pick
 from gptlib.errors import UserError, check_range, command_line, main_guard
 from gptlib.optimizers import ROLES, make_optimizers
 from gptlib.runlog import metrics_path, read_log
@@ -63,26 +71,41 @@ def fmt_bytes(n):
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
 
 
+def spread(times):
+    """The range of step times, in ms."""
+    return f"{min(times) * 1000:.1f}-{max(times) * 1000:.1f}"
+
+
 def build(size, s, device):
     torch.manual_seed(0)
     return GPT(GPTConfig(**size, vocab_size=s["vocab_size"], flash=s["flash"])).to(device)
 
 
-def training_step(size, s, B, T, rt):
+def training_step(size, s, B, T, rt, lever=None):
     """A closure running train_gpt2.py's training step (one micro-step: forward, backward, clip, AdamW) with
     the rung's settings s, GPT-2's AdamW at 6e-4. Dynamo's caches are emptied first: each rung compiles
-    afresh."""
+    afresh. lever: a name of LEVERS, the step a variant of s's; its compiled forward a code object of its own
+    (Dynamo's caches are a code object's, and their guards miss what a lever changes: a second model would
+    run the first one's graph), the caches kept (the default's graphs stay, for the A/B in turns)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = s["tf32"]
-    torch._dynamo.reset()
+    how = LEVERS[lever][1] if lever else {}
+    if lever is None:
+        torch._dynamo.reset()
     rung = dataclasses.replace(rt, dtype="bf16" if s["bf16"] else "fp32")
     model = build(size, s, rt.device)
     opts = make_optimizers(model, "adamw", 0.1, dict.fromkeys(ROLES, 6e-4), fused=s["fused"])
     no_scaling = torch.amp.GradScaler(rt.kind, enabled=False)
-    compiled = torch.compile(model) if s["compile"] else model
+    compiled = model
+    if s["compile"]:
+        compiled = torch.compile(own_copy(model.forward) if lever else model,
+                                 **{k: v for k, v in how.items() if k in ("mode", "options")})
     models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
     def step():
-        return train_step(batch, models, opts, no_scaling, rung, 1.0)
+        if "sdpa" not in how:
+            return train_step(batch, models, opts, no_scaling, rung, 1.0)
+        with sdpa_kernel(getattr(SDPBackend, how["sdpa"])):  # the backend is chosen when the graph is traced
+            return train_step(batch, models, opts, no_scaling, rung, 1.0)
     return step
 
 
@@ -98,8 +121,8 @@ def settled(times, warmup):
 
 
 def time_steps(step, device, steps, warmup):
-    """(median seconds per call of step() after warm-up, the peak memory (CUDA), (fastest, slowest)). The
-    warm-up's time over as many steady calls goes to WARMING."""
+    """(median seconds per call of step() after warm-up, the peak memory (CUDA), the seconds of each call
+    after warm-up). The warm-up's time over as many steady calls goes to WARMING."""
     times = []
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -111,7 +134,7 @@ def time_steps(step, device, steps, warmup):
         synchronize(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    return settled(times, warmup), peak, (min(times[warmup:]), max(times[warmup:]))
+    return settled(times, warmup), peak, times[warmup:]
 
 
 def rungs(skip):
@@ -132,7 +155,7 @@ def ladder(size, B, T, rt, steps, warmup, rows):
         s.update(switch)
         try:
             step = training_step(size, s, B, T, rt)
-            dt, mem, (fast, slow) = time_steps(step, device, steps, warmup)
+            dt, mem, times = time_steps(step, device, steps, warmup)
         except Exception as e:  # early rungs need the most memory (fp32, a T x T matrix per head)
             if not is_out_of_memory(e):
                 raise
@@ -143,7 +166,7 @@ def ladder(size, B, T, rt, steps, warmup, rows):
         tok_s = B * T / dt
         config = GPTConfig(**size, vocab_size=s["vocab_size"])
         util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        lines.append(f"| {label} | {dt * 1000:.1f} | {fast * 1000:.1f}-{slow * 1000:.1f} | {tok_s:,.0f} | "
+        lines.append(f"| {label} | {dt * 1000:.1f} | {spread(times)} | {tok_s:,.0f} | "
                      f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
                      f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
         print(lines[-1], flush=True)
@@ -151,25 +174,154 @@ def ladder(size, B, T, rt, steps, warmup, rows):
     return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
 
 
+LEVERS = {  # name: (label, how the compiled step changes). Variants measured here, never settings of
+    # train_gpt2.py: one becomes a setting or the default only after a GPU's A/B shows it wins by WINS or more
+    # without more memory. limit: seconds of compiling, apart (compile_apart), before the lever is given up
+    "flash": ("SDPA forced to flash", {"sdpa": "FLASH_ATTENTION"}),
+    "cudnn": ("SDPA forced to cuDNN", {"sdpa": "CUDNN_ATTENTION"}),
+    "efficient": ("SDPA forced to memory-efficient", {"sdpa": "EFFICIENT_ATTENTION"}),
+    "coordinate": ("Inductor's coordinate_descent_tuning (llm.c's reference sets it)",
+                   {"options": {"coordinate_descent_tuning": True}}),
+    # modded-nanogpt measured ~2% for it and rejected it for its compile time
+    "autotune": ("mode=max-autotune-no-cudagraphs", {"mode": "max-autotune-no-cudagraphs", "limit": 240}),
+}
+WINS = 1.03  # the speed-up a lever must show, without more memory, to become a setting
+ROUNDS = 2  # a lever's A/B: turns of each side's steps
+
+
+def unavailable(lever, s, rt, size, B, T):
+    """(why the lever cannot be timed here or None, seconds it compiled apart or None): a compile setting
+    with compile off, an SDPA backend this device has not (an eager attention call of the model's head
+    size under it fails), a compile with a limit that did not finish in it (compile_apart)."""
+    how = LEVERS[lever][1]
+    if "sdpa" in how:
+        q = torch.randn(1, 1, 8, size["n_embd"] // size["n_head"], device=rt.device,
+                        dtype=torch.bfloat16 if s["bf16"] else torch.float32)
+        try:
+            with sdpa_kernel(getattr(SDPBackend, how["sdpa"])):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        except RuntimeError as e:  # "No available kernel" (its reasons are warnings before it)
+            return f"not on this device ({str(e).split('.')[0]})", None
+    elif not s["compile"]:
+        return "torch.compile is off", None
+    if "limit" not in how or not s["compile"]:
+        return None, None
+    rc, apart = compile_apart(lever, size, s, B, T, rt.device, how["limit"])
+    if rc is None:
+        return f"stopped at {how['limit']} s of compiling, unfinished: not timed", None
+    return (f"its compile failed apart (exit status {rc}: its output is above)" if rc else None), apart
+
+
+def attention_ran(step):
+    """The SDPA backends one call of step() ran, by the aten ops the profiler saw (gpu_check's names)."""
+    from torch.profiler import ProfilerActivity, profile
+    with without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return " and ".join(gpu_check.attention_backends([e.name for e in prof.events()])[1]) or "none seen"
+
+
+# a lever's step compiled and run once in a process of its own, which compile_apart stops at its limit
+LEVER_RUNNER = ("import json, sys\n"
+                "sys.path.insert(0, sys.argv[1])\n"
+                "import bench\n"
+                "from gptlib import runtime\n"
+                "lever, size, s, B, T, device = json.loads(sys.argv[2])\n"
+                "bench.training_step(size, s, B, T, runtime.setup(device), lever)()\n")
+
+
+def compile_apart(lever, size, s, B, T, device, limit):
+    """(exit status, seconds) of the lever's step compiled and run once in a process of its own, into this
+    process's Inductor cache (the compile here is then a cache hit); the status None when it was stopped at
+    `limit` seconds: torch.compile cannot be interrupted inside a process, a process (and its compile
+    workers) can."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from gptlib.gpu_report import run_section
+    root = os.path.dirname(os.path.abspath(__file__))
+    argv = [sys.executable, "-c", LEVER_RUNNER, root, json.dumps([lever, size, s, B, T, device])]
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = run_section(argv, os.path.join(tmp, "lever.log"), t0 + limit, cache_dir())
+    return rc, time.time() - t0
+
+
+def levers(size, s, B, T, rt, steps, warmup, names=tuple(LEVERS)):
+    """Each of LEVERS named A/B'd against the default step (s: every rung on) at B x T: both built and warmed
+    up (the lever's compiling: its warm-up over as many settled steps), then timed in turns, ROUNDS of
+    steps / ROUNDS each; each side's median and range, the ratio of the medians, its peak memory over what
+    was held before its steps (both sides' weights and optimizer states stay), the attention it ran."""
+    cuda = rt.kind == "cuda"
+    default = training_step(size, s, B, T, rt)
+    before = WARMING[0]
+    time_steps(default, rt.kind, 1, warmup)
+    how, per = "compiled" if s["compile"] else "eager", max(1, steps // ROUNDS)
+    lines = [f"the levers, each a variant of the step at B={B}, T={T} ({how}; the default's compiling "
+             f"{WARMING[0] - before:.1f} s, its attention "
+             f"{attention_ran(default)}), A/B in turns against it, {ROUNDS} rounds, medians of "
+             f"{ROUNDS * per} steps after {warmup} warm-up; a lever wins at {WINS:.2f}x or more without more "
+             "memory:", "",
+             "| lever | default ms/step | lever ms/step (range) | tok/s | lever / default | compiling | "
+             "peak over what was held, default / lever | attention | wins |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    print("\n".join(lines), flush=True)
+    for lever in names:
+        label = LEVERS[lever][0]
+        why, apart = unavailable(lever, s, rt, size, B, T)
+        if why:
+            lines.append(f"| {label} | n/a: {why} | | | | | | | |")
+            print(lines[-1], flush=True)
+            continue
+        step, before = training_step(size, s, B, T, rt, lever), WARMING[0]
+        # Inductor's caches key on the graph before SDPA's backend is chosen: they would give the default's
+        with (inductor_config.patch(force_disable_caches=True) if "sdpa" in LEVERS[lever][1]
+              else contextlib.nullcontext()):
+            time_steps(step, rt.kind, 1, warmup)
+        here = WARMING[0] - before
+        times, peaks = {default: [], step: []}, {default: 0, step: 0}
+        for _ in range(ROUNDS):
+            for side in times:
+                held = torch.cuda.memory_allocated() if cuda else 0
+                _, peak, seconds = time_steps(side, rt.kind, per, 1)
+                times[side] += seconds
+                peaks[side] = None if peak is None else max(peaks[side], peak - held)
+        a, b = (statistics.median(times[side]) for side in (default, step))
+        more = peaks[step] is not None and peaks[step] > peaks[default]
+        lines.append(f"| {label} | {a * 1000:.1f} | {b * 1000:.1f} ({spread(times[step])}) | "
+                     f"{B * T / b:,.0f} | {a / b:.3f}x | "
+                     + ("" if apart is None else f"{apart:.0f} s apart + ")
+                     + f"{here:.1f} s | {fmt_bytes(peaks[default])} / {fmt_bytes(peaks[step])} | "
+                     f"{attention_ran(step)} | {'yes' if a / b >= WINS and not more else 'no'} |")
+        print(lines[-1], flush=True)
+        del step, times, peaks  # the lever's model and optimizer: the next one's memory
+    return lines + [""]
+
+
+# Inductor's pointwise and reduction kernels are never matmuls (triton_poi_fused_addmm_gelu: bias + GELU)
+MATMULS = (r"^(?!triton_(poi|per|red)_).*"
+           r"(gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear)")
 PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
     # (on a CPU the training loss is model.py's ChunkedHeadLoss: its matmuls are matmuls, the rest this)
     ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy|chunkedheadloss"),
     ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
     ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
-    # Inductor's pointwise and reduction kernels are never matmuls (triton_poi_fused_addmm_gelu: bias + GELU)
-    ("matmuls (linear layers, lm_head)",
-     r"^(?!triton_(poi|per|red)_).*(gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear)"),
+    ("matmuls (linear layers, lm_head)", MATMULS),
 ]
 OTHER = "other (LayerNorm, GELU, adds, embedding, copies)"
+DECODE_PARTS = [  # a decode step's parts, as PARTS: a token through the KV-cache, and its pick
+    ("sampling (the logits to a token: argmax)", r"argmax|topk|exponential|multinomial|(\b|_)pick(\b|_)"),
+    ("attention", PARTS[1][1]),
+    ("matmuls (linear layers, lm_head)", MATMULS),
+    ("copies (the cache's writes, the step's inputs)", r"copy|index_put|fill|memcpy|memset|(\b|_)cat(\b|_)"),
+]
+DECODE_OTHER = "other (LayerNorm, GELU, adds, embedding)"
 
 
-def part_of(names):
-    """The part of PARTS for a kernel or op, given its name and then its callers' names (innermost first)."""
+def part_of(names, parts=PARTS, other=OTHER):
+    """The part of parts for a kernel or op, given its name and then its callers' names (innermost first)."""
     for name in names:
-        for part, pattern in PARTS:
+        for part, pattern in parts:
             if re.search(pattern, name.lower()):
                 return part
-    return OTHER
+    return other
 
 
 @contextlib.contextmanager
@@ -192,8 +344,8 @@ def without_profiler_chatter():
                     sys.stderr.write(line)
 
 
-def breakdown(step, device, step_time, steps=3, trace=None):
-    """Where a step's time goes: torch.profiler over `steps` calls of step(), summed by PARTS, and the rest of
+def breakdown(step, device, step_time, steps=3, trace=None, title="last rung", parts=PARTS, other=OTHER):
+    """Where a step's time goes: torch.profiler over `steps` calls of step(), summed by parts, and the rest of
     the measured step time as idle (launch gaps, CPU overhead). On CUDA the time is the kernels' and the
     kernel name decides; on CPU it is each op's self time, and an op nothing matches (a fill_ inside
     nll_loss_backward, a mul_ inside clipping) belongs to its nearest caller that matches."""
@@ -207,7 +359,7 @@ def breakdown(step, device, step_time, steps=3, trace=None):
         synchronize(device)
     if trace:
         prof.export_chrome_trace(trace)
-    per_part, per_name = dict.fromkeys([part for part, _ in PARTS] + [OTHER], 0.0), {}
+    per_part, per_name = dict.fromkeys([part for part, _ in parts] + [other], 0.0), {}
     for e in prof.events():
         if cuda:  # kernels only: CPU ops just launch them, user annotations span kernels counted already
             if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
@@ -221,11 +373,11 @@ def breakdown(step, device, step_time, steps=3, trace=None):
                 names.append(caller.name)
                 caller = caller.cpu_parent
         sec /= 1e6 * steps
-        per_part[part_of(names)] += sec
+        per_part[part_of(names, parts, other)] += sec
         per_name[e.name] = per_name.get(e.name, 0.0) + sec
     busy = sum(per_part.values())
     what = "kernel" if cuda else "op self"
-    lines = [f"where the time goes (last rung, torch.profiler over {steps} steps; {what} time by name, idle "
+    lines = [f"where the time goes ({title}, torch.profiler over {steps} steps; {what} time by name, idle "
              f"= the measured {step_time * 1000:.1f} ms/step minus {what} time):", "",
              "| part | ms/step | share |", "| --- | ---: | ---: |"]
     for part, sec in list(per_part.items()) + [("idle (launch gaps, CPU "
@@ -295,10 +447,10 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
             _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
             for use_cache in (True, False):
                 # recomputing: the second run is timed, the first's extra (a plan per new length) is warm-up
-                runs = [timed(lambda: engine.generate(idx, new, top_k=1, use_cache=use_cache))
-                        for _ in range(1 if use_cache else 2)]
-                outs[use_cache], seconds[use_cache] = runs[-1]
-                settled([dt for _, dt in runs], len(runs) - 1)
+                tries = [timed(lambda: engine.generate(idx, new, top_k=1, use_cache=use_cache))
+                         for _ in range(1 if use_cache else 2)]
+                outs[use_cache], seconds[use_cache] = tries[-1]
+                settled([dt for _, dt in tries], len(tries) - 1)
             turns = {True: [seconds[True]], False: []}  # whole cache, then --span, in turns
             for _ in range(2 if batch == span_at else 0):
                 for whole, e in ((False, spanned), (True, engine)):
@@ -318,7 +470,33 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
                      f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
                      f"{spans or ' |'} |")
         print(lines[-1], flush=True)
-    return lines + [""]
+    lines.append("")
+    for batch, _ in runs:
+        lines += decode_breakdown(engine, model, batch, prompt_len, rt, bandwidth,
+                                  20 if rt.kind == "cuda" else 5)
+    return lines
+
+
+def decode_breakdown(engine, model, batch, pos, rt, bandwidth, steps=20):
+    """Where a cached decode step's time goes at batch: the step generate() ran (the engine's, compiled and
+    graphed as it was) at position pos, and its pick, profiled by breakdown() over DECODE_PARTS; and the
+    fewest bytes it reads (decode_bytes) against the time they take at the GPU's memory bandwidth."""
+    tok = torch.zeros(batch, 1, dtype=torch.long, device=rt.device)
+    with autocast(rt.device, rt.dtype):
+        decoder = engine.decoder(batch, rt.device)  # the one generate() warmed: autocast's dtype is its key
+
+        def token():
+            return pick(decoder.step(tok, pos), 1.0, 1)
+        step_time = time_steps(token, rt.kind, steps, 2)[0]
+        parts = breakdown(token, rt.kind, step_time, steps, title=f"a decode step at batch {batch}",
+                          parts=DECODE_PARTS, other=DECODE_OTHER)
+    read = decode_bytes(model, batch)
+    at = "the GPU's bandwidth unknown" if bandwidth is None else \
+        f"{read / bandwidth * 1e6:,.0f} us at the GPU's bandwidth, {read / bandwidth / step_time:.0%} of it"
+    lines = [f"a decode step at batch {batch}: {step_time * 1000:.3f} ms; it reads at least "
+             f"{read / 1e6:,.0f} MB (the weights and the whole cache): {at}", ""] + parts + [""]
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def memory(size, s, rt, measured):
@@ -576,7 +754,7 @@ def peer_cost(peer, rt, size, B, T, steps):
     return lines
 
 
-ONLY = ("training", "step", "generation", "hellaswag", "core", "memory", "softmax", "peer")
+ONLY = ("training", "step", "levers", "generation", "hellaswag", "core", "memory", "softmax", "peer")
 EVERYTHING = ("training", "generation", "memory", "softmax")  # bench.py without --only
 
 
@@ -584,8 +762,8 @@ def main():
     parser = command_line(__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--B", type=int, default=None,
-                        help="micro-batch (default: the ladder's 16; the step's and the peer's 64, "
-                        "train_gpt2.py's; on a CPU 4 and 8)")
+                        help="micro-batch (default: the ladder's 16; the step's, the levers' and the peer's "
+                        "64, train_gpt2.py's; on a CPU 4 and 8)")
     parser.add_argument("--T", type=int, default=None,
                         help="sequence length (default 1024 on CUDA, 64 on CPU)")
     parser.add_argument("--steps", type=int, default=None,
@@ -611,6 +789,9 @@ def main():
                         help="--only peer, --report: time llm.c's PyTorch reference (its train_gpt2.py, "
                         "which you name) against train_gpt2.py at the step's B, in turns, on the same "
                         "random-token shards, --warmup steps then --steps timed")
+    parser.add_argument("--levers", default=",".join(LEVERS),
+                        help=f"--only levers: comma-separated levers to A/B (default: all, "
+                        f"{', '.join(LEVERS)})")
     parser.add_argument("--budget", type=float, default=None,
                         help="--report: stop the section still running after this many seconds (a rerun "
                         "continues from it)")
@@ -646,6 +827,9 @@ def main():
         raise UserError(f"--skip {args.skip}: rungs are {', '.join(n for n, _ in RUNGS)}")
     if len(skip) == len(RUNGS):
         raise UserError("--skip leaves no rung to measure")
+    names = [x for x in args.levers.split(",") if x]
+    if not names or set(names) - set(LEVERS):
+        raise UserError(f"--levers {args.levers}: levers are {', '.join(LEVERS)}")
     compiles = "False" if "compile" in skip else "auto"  # generation's and CORE's --compile: on CUDA
     size = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024) if cuda else \
         dict(n_layer=2, n_head=4, n_embd=64, block_size=256)  # GPT-2 124M, or a CPU smoke-test model
@@ -660,7 +844,7 @@ def main():
               f"{name}, torch {torch.__version__}, {'GPT-2 124M' if cuda else 'small CPU model'} "
               f"({size['n_layer']} layers, {size['n_embd']} wide), "
               + "".join(f"{part} B={B if part == 'training' else step_B}, " for part in ONLY
-                        if part in only and part in ("training", "step", "peer"))
+                        if part in only and part in ("training", "step", "levers", "peer"))
               + f"T={T}, median of {steps} steps after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
     print("\n".join(report), flush=True)
     every = {k: v for _, switch in rungs(skip) for k, v in switch.items()}  # the step train_gpt2.py runs
@@ -680,6 +864,8 @@ def main():
                     print(line, flush=True)
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
+        elif part == "levers":
+            report += levers(size, {**BASE, **every}, step_B, T, rt, steps, warmup, names)
         elif part == "generation":
             compile, _ = runtime.compile_choice(compiles, rt)
             runs = ((1, 256), (8, 256)) if cuda else ((1, 32), (4, 32))

@@ -71,7 +71,9 @@ def own_copy(method):
     compiled versions of one code object, and each Decoder's fixed shapes are one: with one code object
     shared, an engine's 9th batch size would fail (fullgraph) instead of compiling."""
     f = method.__func__
-    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__)  # replace(): a new code object
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,  # replace(): a new code object
+                              f.__defaults__, f.__closure__)
+    copy.__kwdefaults__ = f.__kwdefaults__
     return types.MethodType(copy, method.__self__)
 
 

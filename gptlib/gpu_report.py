@@ -5,9 +5,10 @@ kept as DIR/<section>.log, its result as DIR/<section>.json; DIR/report.md is wr
 section: the GPU, the versions, the date, the commit and every command, each section's wall time and how
 much of it was compiling and warming up, then what each section measured. Every section compiles into one
 Inductor cache, DIR/inductor_cache, so a graph one section compiled is a cache hit in the next (the script's
-step is the training section's). A rerun into the same DIR runs only the sections it does not hold for this
-commit and device, so a report stopped by --budget is finished by a second call. On a CPU the same sections
-run at a tiny size (the test suite does, so the command cannot rot): the figures then mean nothing.
+step, ours in the peer's rounds and the levers' default are the step section's). A rerun into the same DIR
+runs only the sections it does not hold for this commit and device, so a report stopped by --budget is
+finished by a second call. On a CPU the same sections run at a tiny size (the test suite does, so the
+command cannot rot): the figures then mean nothing.
 """
 import contextlib
 import datetime
@@ -35,8 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 
 def sections(out, cuda, device, hellaswag_data, peer=None):
     """[(name, title, argv)] in the order they run: what a decision needs first (the checks, the training
-    step), then the rest docs/speed.md's summary quotes; llm.c's reference last, where --peer names it. On a
-    CPU: tiny sizes, no compile (minutes on 2 cores)."""
+    step at B=64, llm.c's reference where --peer names it, generation: docs/speed.md's first call), then the
+    rest (the ladder, the script, HellaSwag, CORE, the levers). On a CPU: tiny sizes, no compile (minutes
+    on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
     few = [] if cuda else ["--steps", "1", "--warmup", "1"]
@@ -52,29 +54,38 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
 
     def bench(name, *args):
         return [py, "bench.py", *args, *dev, "--out", os.path.join(out, f"{name}.md")]
-    return [
+    return [  # the first call of `--budget 560` (docs/speed.md): what decides
         ("checks", "GPU checks (tests/test_gpu.py)",
          [py, "-m", "pytest", "tests/test_gpu.py", "-v", "-n0", "-rA", "-p", "no:cacheprovider",
           "-o", "junit_family=legacy",  # the details the tests record go into the XML without a warning
           f"--junitxml={os.path.join(out, 'checks.xml')}"]),
-        ("training", ("the ladder at B=16 and where its last rung's time goes, the step at B=64" if cuda else
-                      "the ladder and where its last rung's time goes, the step") + ", memory (the estimates "
-                     "against both steps' peaks and an eager one), the softmax kernel's GB/s",
-         bench("training", "--only", "training,step,memory,softmax", *quick)),
-        # the step at B=64 again, as a user runs it: its graphs are the training section's (a cache hit)
+        ("step", "the compiled step at B=64, train_gpt2.py's micro-batch" if cuda else "the step",
+         bench("step", "--only", "step", *quick)),
+    ] + ([] if peer is None else [
+        ("peer", f"train_gpt2.py against llm.c's PyTorch reference at B={peer_B}, T={peer_T}, in turns, the "
+                 "same shards",
+         bench("peer", "--only", "peer", "--peer", peer, "--B", str(peer_B), "--T", str(peer_T), *few))]) + [
+        ("generation", "generation, batch 1 and 8, --span at batch 8, where a decode step's time goes",
+         bench("generation", "--only", "generation")),
+        # the second call: what the first left
+        ("training", ("the ladder at B=16" if cuda else "the ladder") + " and where its last rung's time "
+                     "goes, memory (the estimates against its peak and an eager step's), the softmax "
+                     "kernel's GB/s",
+         bench("training", "--only", "training,memory,softmax", *quick)),
+        # the step at B=64 again, as a user runs it: its graphs are the step section's (a cache hit)
         ("script", "train_gpt2.py's default recipe, its first 10 steps (B=64 x 8 micro-steps), evaluating "
                    "every 4" if cuda else "train_gpt2.py, a tiny model's first steps, evaluating every step",
          [py, "train_gpt2.py", "--data_root=input.txt", "--hellaswag=0", "--checkpoint_interval=1000",
           f"--log_dir={os.path.join(out, 'script_log')}", *script]),
-        ("generation", "generation, batch 1 and 8, --span at batch 8",
-         bench("generation", "--only", "generation")),
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
          bench("core", "--only", "core", *data)),
-    ] + ([] if peer is None else [
-        ("peer", f"train_gpt2.py against llm.c's PyTorch reference at B={peer_B}, T={peer_T}, in turns, the "
-                 "same shards",
-         bench("peer", "--only", "peer", "--peer", peer, "--B", str(peer_B), "--T", str(peer_T), *few))])
+    ] + [(name, f"{what}, A/B'd in turns against the step" + (" at B=64" if cuda else ""),
+          bench(name, "--only", "levers", "--levers", levers, *quick)) for name, what, levers in [
+        # a section each where their compiling is long: one stopped by --budget loses no other's
+        ("levers", "the levers: SDPA forced to each fused backend", "flash,cudnn,efficient"),
+        ("tuning", "the lever coordinate_descent_tuning", "coordinate"),
+        ("autotune", "the lever max-autotune-no-cudagraphs (stopped at 4 minutes of compiling)", "autotune")]]
 
 
 def environment(device, commit):

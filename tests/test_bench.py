@@ -100,7 +100,7 @@ def test_the_step_runs_at_the_B_given(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench.py", "--help"])
     with pytest.raises(SystemExit):
         bench.main()
-    assert "the step's and the peer's 64" in " ".join(capsys.readouterr().out.split())
+    assert "the step's, the levers' and the peer's 64" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.slow
@@ -338,17 +338,22 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
 def test_report_runs_every_section_and_continues(tmp_path, capsys):
     """bench.py --report on a CPU, at its tiny size, from a folder other than the project's, the report's and
     the peer's paths relative to it (each section runs from the project root, where --peer named no file at
-    0bcff65): every section in its own process, its raw output kept, report.md naming the commit and each
-    command, and each section's compiling and warm-up from its own first and later iterations (HellaSwag's
-    and the peer's were always 0); a rerun runs nothing it holds; a budget stops the section running (exit 2)
-    and the rerun finishes it (those reruns call gpu_report.run, what the command runs)."""
+    0bcff65): every section in its own process, in the order that decides (docs/speed.md's first call: the
+    checks, the step, the peer, generation; then the rest, the levers last), its raw output kept, report.md
+    naming the commit and each command, and each section's compiling and warm-up from its own first and
+    later iterations (HellaSwag's and the peer's were always 0); generation's decode breakdown; the levers'
+    table (those a CPU cannot run say n/a in their row); a rerun runs nothing it holds; a budget stops the
+    section running (exit 2) and the rerun runs only what is missing (those reruns call gpu_report.run, what
+    the command runs)."""
     from gptlib import gpu_report
     out = tmp_path / "r"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--report", "r", "--device", "cpu",
                         "--commit", "abc1234", "--peer", os.path.relpath(STANDIN, tmp_path)], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    names = ["checks", "training", "script", "generation", "hellaswag", "core", "peer"]
+    names = ["checks", "step", "peer", "generation", "training", "script", "hellaswag", "core", "levers", "tuning",
+             "autotune"]
+    assert re.findall(r"^== (\w+): ", r.stdout, re.M) == names
     row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \| "
                      r"(n/a|[\d.]+ s) \|$", re.M)
     report = (out / "report.md").read_text()
@@ -361,7 +366,7 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     hellaswag = max(0.0, cold - statistics.median(later))
     assert abs(warming["hellaswag"] - hellaswag) <= 0.06, (cold, later, warming)
     assert warming["peer"] >= 0.9, warming  # the stand-in's first step: 0.5 s over its others, in each run
-    assert re.search(r"^7 sections, \d+ s in all", report, re.M)
+    assert re.search(r"^11 sections, \d+ s in all", report, re.M)
     assert (out / "inductor_cache").is_dir()  # every section's compiles go there
     assert "commit abc1234" in report and "torch " in report
     for name in names:
@@ -375,7 +380,31 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert [(b, n) for b, n, *_ in generated] == [("1", "32"), ("4", "32")]
     assert all(same == "100" for *_, same in generated)  # fp32: the cache gives recomputation's tokens
     assert re.search(r"^\| eager \| 4 \| 64 \| [\d.]+ GiB \| n/a \| n/a \|$", report, re.M)  # the ladder's
-    assert re.search(r"^\| eager \| 8 \| 64 \| [\d.]+ GiB \| n/a \| n/a \|$", report, re.M)  # the step's
+    for batch in (1, 4):  # where a decode step's time goes
+        decode = report[report.index(f"a decode step at batch {batch}: "):]
+        assert re.match(r"a decode step at batch \d: [\d.]+ ms; it reads at least [\d,]+ MB \(the weights and "
+                        r"the whole cache\): the GPU's bandwidth unknown$", decode.splitlines()[0])
+        parts = dict(re.findall(r"^\| ([a-z][^|]+?) \| ([\d.]+) \| \d+% \|$", decode[:decode.index("largest:")],
+                                re.M))
+        assert list(parts) == ["sampling (the logits to a token: argmax)", "attention",
+                               "matmuls (linear layers, lm_head)", "copies (the cache's writes, the step's inputs)",
+                               "other (LayerNorm, GELU, adds, embedding)", "idle (launch gaps, CPU overhead)"]
+        assert all(float(parts[p]) > 0 for p in ("sampling (the logits to a token: argmax)", "attention",
+                                                 "matmuls (linear layers, lm_head)")), parts
+    levers = "".join((out / f"{name}.md").read_text() for name in ("levers", "tuning", "autotune"))
+    assert re.search(r"^the levers, each a variant of the step at B=8, T=64 \(eager; the default's compiling "
+                     r"[\d.]+ s, its attention flash\), A/B in turns", levers, re.M), levers
+    flash = re.search(r"^\| SDPA forced to flash \| ([\d.]+) \| ([\d.]+) \([\d.]+-[\d.]+\) \| [\d,]+ \| ([\d.]+)x "
+                      r"\| [\d.]+ s \| n/a / n/a \| flash \| (yes|no) \|$", levers, re.M)
+    assert flash, levers  # a CPU runs its flash attention: forced, it is what ran
+    a, b, ratio, wins = flash.groups()
+    assert abs(float(ratio) - float(a) / float(b)) < 0.01 and (wins == "yes") == (float(a) / float(b) >= 1.03)
+    for label, why in [("SDPA forced to cuDNN", r"not on this device \(No viable backend"),
+                       ("SDPA forced to memory-efficient", r"not on this device \(No viable backend"),
+                       (r"Inductor's coordinate_descent_tuning \(llm.c's reference sets it\)",
+                        "torch.compile is off"),
+                       ("mode=max-autotune-no-cudagraphs", "torch.compile is off")]:
+        assert re.search(f"^\\| {label} \\| n/a: {why}[^|]*\\|( \\|){{7}}$", levers, re.M), (label, levers)
     assert re.search(r"^\| 124M \| 124,475,904 \| [\d.]+ GiB \| [\d.]+ GiB \| \d+ / \d+ \| 75 / \d+ \| ",
                      report, re.M)
     assert re.search(r"^CORE \(80 examples in 5 tasks, .*, eager, \d+ threads tokenizing", report, re.M)
@@ -389,11 +418,14 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
     assert "== " not in capsys.readouterr().out
     (out / "hellaswag.json").unlink()
+    (out / "levers.json").unlink()
     assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234", peer=STANDIN) == 2
-    assert "stopped at the budget during hellaswag" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "stopped at the budget during hellaswag" in said and re.findall(r"^== (\w+)", said, re.M) == ["hellaswag"]
     assert not (out / "hellaswag.json").exists()
     assert "| [hellaswag]" not in (out / "report.md").read_text()  # a stopped section is not shown
     assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
+    assert re.findall(r"^== (\w+)", capsys.readouterr().out, re.M) == ["hellaswag", "levers"]  # what was missing
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
     # the script's: its first step over the later ones' median, never negative (an eager first step may be
     # the fastest: flaky at 1181ac5), and its first evaluation over the later ones' (the step after each less)
@@ -435,11 +467,22 @@ def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path):
+def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path, monkeypatch):
     """--budget's deadline holds while a section is silent (the peer's rounds print nothing for minutes; the
     deadline was checked only when a line came), and the section's log keeps what it printed; what a section
-    leaves running is stopped with it."""
+    leaves running is stopped with it. A lever with a compile limit (max-autotune's 4 minutes) compiles and
+    runs its step once in a process of its own, stopped at the limit with a line for its row."""
+    import bench
     from gptlib import gpu_report
+    size, s = dict(n_layer=1, n_head=2, n_embd=16, block_size=32), {**bench.BASE, "flash": True}
+    rc, seconds = bench.compile_apart("flash", size, s, 2, 16, "cpu", 120)  # eager here: it runs in seconds
+    assert rc == 0 and seconds < 120
+    label, how = bench.LEVERS["autotune"]
+    monkeypatch.setitem(bench.LEVERS, "autotune", (label, {**how, "limit": 0.5}))
+    started = time.time()
+    assert bench.unavailable("autotune", {**s, "compile": True}, Runtime(), size, 2, 16) == (
+        "stopped at 0.5 s of compiling, unfinished: not timed", None)
+    assert time.time() - started < 20
     started = time.time()
     status = gpu_report.run_section([sys.executable, "-c", "import time; print('start', flush=True); "
                                      "time.sleep(60); print('end')"], str(tmp_path / "s.log"),
