@@ -166,9 +166,10 @@ def missing(path, option):
     """The CheckpointError of a checkpoint path that does not exist, naming the newest checkpoint in its folder
     (a run keeps its newest few: a resume deletes the one a command or script names) and option to pick it."""
     found = checkpoints(os.path.dirname(path) or ".")
-    pick = f": {option} {found[-1]} picks it" if option else ""
-    return CheckpointError(f"checkpoint {path} does not exist"
-                           + (f"; the newest in its folder is {found[-1]}{pick}" if found else ""))
+    if not found:
+        return CheckpointError(f"checkpoint {path} does not exist")
+    return CheckpointError(f"checkpoint {path} does not exist; the newest in its folder is {found[-1]}"
+                           + (f": {option} {found[-1]} picks it" if option else ""))
 
 
 def next_step(path, option):
