@@ -476,7 +476,8 @@ def cli():
     parser.add_argument("--prefix", default=None, help="shard file name prefix (default: edufineweb for "
                         "FineWeb-Edu, corpus for --input's files; edufineweb where out_dir holds such "
                         "shards)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes")
+    parser.add_argument("--workers", type=int, default=os.cpu_count(),
+                        help="tokenizer processes (default: this machine's cores, %(default)s)")
     parser.add_argument("--pretokenized", action="store_true",
                         help=f"download {PRETOKENIZED} (already tokenized) instead of tokenizing")
     parser.add_argument("--shards", type=int, default=PRETOKENIZED_TRAIN,

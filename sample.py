@@ -56,11 +56,11 @@ def main():
                         "gpt2[-medium|-large|-xl] (default: the newest checkpoint in log/, else gpt2)")
     parser.add_argument("--prompt", default="Hello, I'm a language model,",
                         help='text, or FILE:path to read it')
-    parser.add_argument("--num_samples", type=int, default=4)
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--num_samples", type=int, default=4, help="continuations, in one batch")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens each")
     parser.add_argument("--temperature", type=float, default=1.0, help="< 1 sharper, > 1 more random")
     parser.add_argument("--top_k", type=int, default=50, help="sample among the k likeliest tokens (0 = all)")
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, default=42, help="the sampling generator's seed")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cuda, mps or cpu")
     parser.add_argument("--compile", default="auto", choices=["auto", "True", "False"],
                         help="compile the decode step and replay it as a CUDA graph (auto: on CUDA)")

@@ -23,7 +23,7 @@ import torch
 from gptlib import hf_gpt2
 from gptlib.errors import UserError, find_cause, first_line
 from gptlib.optimizers import get_lr
-from gptlib.runlog import evaluated, metrics_path, nearest_existing
+from gptlib.runlog import evaluated, log_lines, metrics_path, nearest_existing
 from gptlib.runtime import broadcast_object, print0, sharded, together
 from model import GPT, GPTConfig
 
@@ -146,7 +146,7 @@ def load_checkpoint(path, option=None):
     option: how the command names a checkpoint (--model, --init_from): a damaged one's line then says which
     earlier checkpoint in its folder verifies and how to pick it (next_step)."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise missing(path, option)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, garbage in the pickle, a file of another kind
@@ -160,6 +160,16 @@ def load_checkpoint(path, option=None):
                               + next_step(path, option))
     ckpt["model_config"] = current(ckpt["model_config"])
     return ckpt
+
+
+def missing(path, option):
+    """The CheckpointError of a checkpoint path that does not exist, naming the newest checkpoint in its folder
+    (a run keeps its newest few: a resume deletes the one a command or script names) and option to pick it."""
+    found = checkpoints(os.path.dirname(path) or ".")
+    if not found:
+        return CheckpointError(f"checkpoint {path} does not exist")
+    return CheckpointError(f"checkpoint {path} does not exist; the newest in its folder is {found[-1]}"
+                           + (f": {option} {found[-1]} picks it" if option else ""))
 
 
 def next_step(path, option):
@@ -252,7 +262,7 @@ def model_config(spec, option=None):
         refuse_log_dir(spec, option)
         return dataclasses.asdict(hf_gpt2.pretrained_config(spec))
     if not os.path.isfile(spec):
-        raise CheckpointError(f"checkpoint {spec} does not exist")
+        raise missing(spec, option)
     try:  # memory-mapped: only the config is read
         config = torch.load(spec, map_location="cpu", weights_only=True, mmap=True)["model_config"]
     except Exception as e:  # a truncated zip, a file of another kind, no model_config
@@ -392,10 +402,29 @@ def continue_run(s, chosen, rt):
     # the checkpoint of a step is written before its evaluation: an evaluation that failed is done first
     unevaluated = (meta["step"] % s.eval_interval == 0 or finished) and not meta["evaluated"]
     if finished and not unevaluated:
-        print0(f"the run in {s.log_dir} is already finished at step {meta['step']} (max_steps="
-               f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or --log_dir=NEW")
+        print0(finished_line(s, meta["step"]))
         return s, Resume(meta, None, finished=True)
     return s, Resume(meta, ckpt, unevaluated=unevaluated)
+
+
+def finished_line(s, step):
+    """What a run finished at `step` says. Where a newer checkpoint was damaged (newest_valid moved it aside),
+    so were the flags of the command that wrote it (a resume replays the newest readable checkpoint's): then
+    the flags that command's start record in metrics.jsonl names and this run lacks, to give again."""
+    line = f"the run in {s.log_dir} is already finished at step {step} (max_steps={s.max_steps}): nothing to do"
+    damaged = sorted(os.path.basename(p)[:-len(".damaged")]
+                     for p in glob.glob(os.path.join(s.log_dir, "model_*.pt.damaged"))
+                     if int(re.search(r"model_(\d+)", os.path.basename(p)).group(1)) > step)
+    if not damaged:
+        return line + ". Raise --max_steps to train further, or --log_dir=NEW"
+    starts = [r for _, r in log_lines(metrics_path(s.log_dir)) if r and r.get("event") == "start"]
+    later = (starts[-1].get("flags") or {}) if starts else {}
+    now = same_paths(later, dataclasses.asdict(s))
+    flags = " ".join(f"--{k}={v}" for k, v in later.items() if now.get(k) != v)
+    return (f"{line}. The newer {', '.join(damaged)} was damaged, and with it the flags of the command that "
+            "wrote it (a resume replays the newest readable checkpoint's): "
+            + (f"{metrics_path(s.log_dir)} records them; rerun with {flags} to train on from step {step}"
+               if flags else f"name them again (a higher --max_steps) to train on from step {step}"))
 
 
 def refuse_fixed(saved, cfg, chosen, block, started):

@@ -72,9 +72,21 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (python {self.prog} --help lists the options)")
 
 
+class Help(argparse.RawDescriptionHelpFormatter):
+    """--help: the module's docstring as written, then each option with its default, where it has one (not
+    None, "" or a switch's False) and its help does not say it already."""
+
+    def _get_help_string(self, action):
+        text = action.help  # argparse shows no line for an option without help
+        if not text or action.default is None or action.default is False \
+                or action.default in ("", argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def command_line(doc):
     """The command-line parser of an entry point, its --help opening with the module's docstring `doc`."""
-    return Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return Parser(description=doc, formatter_class=Help)
 
 
 def first_line(e):

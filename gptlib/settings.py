@@ -51,8 +51,8 @@ SHIPPED = {**SIZES["124M"], **RECIPES["gpt2"], "size": "", "recipe": "gpt2", "da
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    data_root=SHAKESPEARE, total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
-    checkpoint_interval=300)
+    data_root=SHAKESPEARE, total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100,
+    val_tokens=32768, checkpoint_interval=300)
 CPU_CONFIG = dict(  # without a CUDA GPU (a CPU, an Apple GPU): a model and schedule for 2 cores, a few minutes
     total_batch_size=2048, B=8, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, max_lr=3e-3,
     warmup_steps=20, max_steps=150, eval_interval=50, val_tokens=8192, hellaswag=0, checkpoint_interval=50,

@@ -82,8 +82,19 @@ def test_a_checkpoint_without_a_checksum_is_refused(tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    with pytest.raises(UserError, match="checkpoint .*nope.pt does not exist"):
+    with pytest.raises(UserError, match="checkpoint .*nope.pt does not exist$"):
         load_model(str(tmp_path / "nope.pt"))
+    # one a resume's rotation deleted (README's model_000150.pt once the quick start is extended): the newest
+    # beside it named, and how to pick it
+    old = tmp_path / "run" / "model_000150.pt"
+    old.parent.mkdir()
+    for step in (160, 170):
+        (old.parent / f"model_{step:06d}.pt").touch()
+    newest = old.parent / "model_000170.pt"
+    for read in (load_model, model_config):
+        with pytest.raises(UserError, match=f"^checkpoint {old} does not exist; the newest in its folder is "
+                                            f"{newest}: --model {newest} picks it$"):
+            read(str(old), "--model")
     torch.save({"weights": {}}, tmp_path / "other.pt")
     with pytest.raises(UserError, match="not a train_gpt2.py checkpoint"):
         load_model(str(tmp_path / "other.pt"))

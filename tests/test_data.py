@@ -851,4 +851,6 @@ def test_a_validation_split_of_most_of_the_corpus_is_said(tmp_path, capsys):
     make(tmp_path / "many", shard_size=len(stream) // 20)
     assert "NOTE" not in capsys.readouterr().out
     r = subprocess.run([sys.executable, "fineweb.py", "--help"], cwd=ROOT, capture_output=True, text=True)
-    assert "most of a corpus just over one" in " ".join(r.stdout.split())
+    said = " ".join(r.stdout.split())
+    assert "most of a corpus just over one (default: 100000000)" in said and "(default: text)" in said
+    assert f"tokenizer processes (default: this machine's cores, {os.cpu_count()})" in said

@@ -226,7 +226,9 @@ def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_pat
                 continue
     else:
         pytest.fail(f"no free port in {below - 1000}-{below - 1}")
-    env = {**ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
+    # torchrun beside this python: a venv's, run without the venv activated, is not on PATH
+    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])
+    env = {**ENV, "PATH": path, "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
            "SLURM_JOB_NODELIST": "node1", "GPUS_PER_NODE": "1", "RDZV_PORT": str(port)}
     log = tmp_path / "log"
     job = subprocess.Popen(["bash", "train_gpt2.sbatch"] + TINY + [f"--data_root={text}", "--max_steps=1000",

@@ -17,14 +17,16 @@ def readme():
 
 
 def test_the_python_snippet_loads_a_checkpoint_and_generates(tmp_path, monkeypatch, capsys):
-    """README's lines between its snippet markers, run as they stand from a folder holding
-    log/model_000150.pt (a tiny model the test saves there), print the prompt and 20 new tokens."""
+    """README's lines between its snippet markers, run as they stand from a folder whose log/ holds the quick
+    start's run extended (model_000150.pt deleted by rotation; model_000170.pt, the newest, a tiny model the
+    test saves there; model_000160.pt not one), print the prompt and 20 new tokens."""
     text = readme()
     assert text.count(START) == 1 and text.count(END) == 1
     snippet = text.split(START, 1)[1].split(END, 1)[0]
     assert len(snippet.strip().splitlines()) <= 12, snippet  # about five lines after the imports
     (tmp_path / "log").mkdir()
-    save_model(build(tiny(vocab_size=50304, block_size=64)), tmp_path / "log" / "model_000150.pt", step=150)
+    save_model(build(tiny(vocab_size=50304, block_size=64)), tmp_path / "log" / "model_000170.pt", step=170)
+    (tmp_path / "log" / "model_000160.pt").write_bytes(b"not the newest")
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     exec(compile(snippet, "README.md", "exec"), {"__name__": "readme_snippet"})

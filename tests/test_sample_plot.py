@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 import sys
 
@@ -112,6 +113,13 @@ def test_sample_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sample.py", "--prompt", f"FILE:{tmp_path / 'none.txt'}"])
     with pytest.raises(UserError, match="none.txt does not exist"):
         sample.main()
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--help"])  # every option with its default
+    with pytest.raises(SystemExit):
+        sample.main()
+    said = " ".join(capsys.readouterr().out.split())
+    for option, default in (("num_samples", 4), ("max_new_tokens", 64), ("temperature", 1.0), ("top_k", 50),
+                            ("seed", 42), ("span", 0), ("device", "auto")):
+        assert re.search(rf"--{option} \S+ [^-]*\(default: {default}\)", said), (option, said)
 
 
 def write_log(path, records, tail=""):

@@ -1,6 +1,7 @@
 """train_gpt2.py through its real entry points (python and torchrun, gloo) on tiny CPU configurations."""
 import dataclasses
 import glob
+import json
 import math
 import os
 import shutil
@@ -149,6 +150,17 @@ def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
                                         r".*--log_dir=NEW"):
         train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--n_layer=3", "--T=16", "--max_steps=10"])
     assert {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))} == before  # nothing touched
+    # a later command (--max_steps=10) wrote a newer checkpoint, since damaged: its flags went with it, so the
+    # same command again replays step 8's (max_steps=8); the line says so and what to type
+    (log / "model_000010.pt").write_bytes(b"PK, cut short")
+    start = next(r for r in records(log) if r.get("event") == "start")
+    with open(log / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**start, "step": 8, "flags": {**start["flags"], "max_steps": 10}}) + "\n")
+    assert train_gpt2.main([f"--log_dir={log}"]) == 0
+    assert (f"already finished at step 8 (max_steps=8): nothing to do. The newer model_000010.pt was damaged, "
+            f"and with it the flags of the command that wrote it (a resume replays the newest readable "
+            f"checkpoint's): {log / 'metrics.jsonl'} records them; rerun with --max_steps=10 to train on from "
+            f"step 8\n") in capsys.readouterr().out
 
 
 @pytest.mark.slow
