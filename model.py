@@ -183,7 +183,31 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-HEAD_CHUNK = 1024  # ChunkedHeadLoss's rows: large matmuls, and a 206 MB scratch (fp32) whatever B and T are
+HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) that stays in cache, whatever B and T are
+
+
+def exp_logits_(logits, targets):
+    """(each row's cross-entropy, each row's sum of exponentials) of logits (rows, vocab_size) and targets
+    (rows,), with logits turned in place into exp(logits - each row's max): the softmax before its
+    normalisation, in two passes over the rows and no copy (logsumexp makes two)."""
+    picked = logits.gather(1, targets[:, None]).squeeze(1)  # the targets' logits, before they change
+    top = logits.amax(dim=1)
+    sums = logits.sub_(top[:, None]).exp_().sum(dim=1)
+    return top + sums.log() - picked, sums  # log-sum-exp minus the target's logit
+
+
+def chunked_losses(x, weight, targets, scratch):
+    """A CPU's evaluation (no gradients): each token's cross-entropy (N,), 0 where its target is -1, from x
+    (N, C) through lm_head's weight in chunks of scratch's rows, in fp32: no (N, vocab_size) tensor, which a
+    CPU would get as fresh pages to zero-fill on each forward (ChunkedHeadLoss)."""
+    losses = torch.empty(len(x), device=x.device)
+    with torch.autocast(x.device.type, enabled=False):
+        x, w = x.float(), weight.float()
+        for i in range(0, len(x), len(scratch)):
+            tc = targets[i:i + len(scratch)]
+            logits = torch.mm(x[i:i + len(scratch)], w.t(), out=scratch[:len(tc)])  # (rows, vocab_size)
+            losses[i:i + len(tc)] = exp_logits_(logits, tc.clamp(min=0))[0] * (tc != -1)
+    return losses
 
 
 class ChunkedHeadLoss(torch.autograd.Function):
@@ -193,7 +217,9 @@ class ChunkedHeadLoss(torch.autograd.Function):
     allocates four (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap
     that the kernel zero-fills page by page; the scratch stays allocated from step to step. The CPU default's
     first 25 steps, as whole processes in turns, took 0.87x the plain head's time (medians 57.7 s against
-    66.3 s, system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md).
+    66.3 s, system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md); then 0.67x that (15.5 s against
+    23.5 s, 2026-11-28) with chunks of 128 rows, which stay in cache, and the softmax in place (logsumexp
+    makes two (rows, vocab_size) copies, and the softmax was a pass of its own).
     Compiled code (a GPU's step) fuses the plain way: there it measured 0.923x, and it was removed."""
 
     @staticmethod
@@ -207,13 +233,13 @@ class ChunkedHeadLoss(torch.autograd.Function):
             for i, (xc, tc) in enumerate(zip(x.split(chunk), targets.split(chunk))):
                 logits = torch.mm(xc, w.t(), out=scratch[:len(xc)])  # (rows, vocab_size)
                 counted = (tc != -1).float()
+                share = counted / count  # each row's share of the mean
                 tc = tc.clamp(min=0)
-                lse = torch.logsumexp(logits, dim=1)
-                loss += ((lse - logits.gather(1, tc[:, None]).squeeze(1)) * counted).sum()
-                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                # d(token's loss)/d(logits) = softmax - one-hot
-                probs[torch.arange(len(tc), device=tc.device), tc] -= 1
-                probs = probs.mul_(counted[:, None] / count)
+                losses, sums = exp_logits_(logits, tc)
+                loss += (losses * counted).sum()
+                # d(token's loss)/d(logits) = softmax - one-hot, scaled by its share: one more pass over the rows
+                probs = logits.mul_((share / sums)[:, None])
+                probs[torch.arange(len(tc), device=tc.device), tc] -= share
                 grad_x[i * chunk:i * chunk + len(xc)] = probs @ w
                 grad_w.addmm_(probs.t(), xc)  # one BLAS call adds into it
         ctx.save_for_backward(grad_x, grad_w.to(weight.dtype))
@@ -328,14 +354,18 @@ class GPT(nn.Module):
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
         x = self.transformer.ln_f(x)
-        # a CPU's eager training step: the loss in chunks with its gradients, no logits (ChunkedHeadLoss says
-        # why); compiled code fuses the plain way
-        if (targets is not None and reduction == "mean" and torch.is_grad_enabled()
-                and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+        # a CPU's eager step: the loss in chunks, with its gradients in training, no logits (ChunkedHeadLoss
+        # says why); compiled code fuses the plain way
+        grad = torch.is_grad_enabled()
+        if (targets is not None and (reduction == "mean" or not grad) and x.device.type == "cpu"
+                and not torch.compiler.is_compiling()):
             if getattr(self, "scratch", None) is None:  # kept from step to step
                 self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
-            return None, ChunkedHeadLoss.apply(x.reshape(-1, x.size(-1)), self.lm_head.weight,
-                                               targets.view(-1), self.scratch)
+            x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)  # (N, C), (N,)
+            if grad:
+                return None, ChunkedHeadLoss.apply(x, self.lm_head.weight, targets, self.scratch)
+            losses = chunked_losses(x, self.lm_head.weight, targets, self.scratch)
+            return None, losses if reduction == "none" else losses.sum() / (targets != -1).sum()
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None

@@ -223,10 +223,12 @@ def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
     """A CPU training step's loss goes through ChunkedHeadLoss (the head and the loss in chunks, the
     gradients in the forward): the same loss and gradients as the plain lm_head + cross_entropy written
     here, over several chunks (the last one short), with ignored targets and the loss scaled before
-    backward (fp16), in train mode or not. Without gradients (evaluation) the plain path runs."""
+    backward (fp16), in train mode or not. Without gradients (evaluation) chunked_losses gives each token's
+    loss (0 where ignored) and their mean, as the plain cross_entropy does."""
     monkeypatch.setattr(model, "HEAD_CHUNK", 7)
-    calls, apply = [], model.ChunkedHeadLoss.apply
+    calls, apply, losses = [], model.ChunkedHeadLoss.apply, model.chunked_losses
     monkeypatch.setattr(model.ChunkedHeadLoss, "apply", lambda *a: calls.append(1) or apply(*a))
+    monkeypatch.setattr(model, "chunked_losses", lambda *a: calls.append("eval") or losses(*a))
     x = torch.randint(0, 512, (2, 16))
     y = x.roll(-1, 1)
     y[0, :5] = -1
@@ -242,8 +244,13 @@ def test_chunked_head_loss_equals_the_plain_cross_entropy(monkeypatch):
         (loss * 2.5).backward()
         results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
     with torch.no_grad():
-        m(x, y)
-    assert calls == [1]
+        _, each = m(x, y, reduction="none")
+        logits, _ = m(x)
+        assert calls == [1, "eval"] and each.shape == (32,)
+        plain_each = torch.nn.functional.cross_entropy(logits.view(-1, 512), y.view(-1), ignore_index=-1,
+                                                       reduction="none")
+        assert (each - plain_each).abs().max() <= 1e-5 and (each[:5] == 0).all()
+        assert torch.allclose(m(x, y)[1], plain_each.sum() / 27, rtol=1e-6, atol=0)  # 27 targets counted
     (chunked, g0), (plain, g1) = results
     assert torch.allclose(chunked, plain, rtol=1e-6, atol=0), (chunked, plain)
     for name in g0:  # fp32 rounding: summed in another order

@@ -299,8 +299,8 @@ def test_what_a_resume_may_change():
     # a run started on a CPU, resumed on a GPU: its values came from the no-CUDA fallback, not the block
     cpu = dict(saved, **settings.CPU_CONFIG)
     assert changes(dict(cpu, max_lr=6e-4, val_tokens=block["val_tokens"]), config=cpu)[0] == (
-        "changed since the checkpoint: max_lr 0.003 -> 0.0006 (the settings block's default; the run's came from "
-        "the no-CUDA fallback where it started), val_tokens 8192 -> 10485760 (the settings block's default; the "
+        "changed since the checkpoint: max_lr 0.006 -> 0.0006 (the settings block's default; the run's came from "
+        "the no-CUDA fallback where it started), val_tokens 32768 -> 10485760 (the settings block's default; the "
         "run's came from the no-CUDA fallback where it started)")
     with pytest.raises(UserError, match="n_layer=4 \\(now 12, the settings block's default; the run's came from "
                                         "the no-CUDA fallback where it started\\)"):
