@@ -183,13 +183,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) that stays in cache, whatever B and T are
+HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) whatever B and T are; 128 was the fastest on 2 cores
 
 
 def exp_logits_(logits, targets):
     """(each row's cross-entropy, each row's sum of exponentials) of logits (rows, vocab_size) and targets
     (rows,), with logits turned in place into exp(logits - each row's max): the softmax before its
-    normalisation, in two passes over the rows and no copy (logsumexp makes two)."""
+    normalisation, without a (rows, vocab_size) copy (logsumexp makes two)."""
     picked = logits.gather(1, targets[:, None]).squeeze(1)  # the targets' logits, before they change
     top = logits.amax(dim=1)
     sums = logits.sub_(top[:, None]).exp_().sum(dim=1)
@@ -218,8 +218,8 @@ class ChunkedHeadLoss(torch.autograd.Function):
     that the kernel zero-fills page by page; the scratch stays allocated from step to step. The CPU default's
     first 25 steps, as whole processes in turns, took 0.87x the plain head's time (medians 57.7 s against
     66.3 s, system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md); then 0.67x that (15.5 s against
-    23.5 s, 2026-11-28) with chunks of 128 rows, which stay in cache, and the softmax in place (logsumexp
-    makes two (rows, vocab_size) copies, and the softmax was a pass of its own).
+    23.5 s, 2026-11-28) with chunks of 128 rows instead of 1,024 and the softmax in place (logsumexp makes
+    two (rows, vocab_size) copies, and the softmax was a pass of its own).
     Compiled code (a GPU's step) fuses the plain way: there it measured 0.923x, and it was removed."""
 
     @staticmethod
@@ -357,10 +357,11 @@ class GPT(nn.Module):
         # a CPU's eager step: the loss in chunks, with its gradients in training, no logits (ChunkedHeadLoss
         # says why); compiled code fuses the plain way
         grad = torch.is_grad_enabled()
-        if (targets is not None and (reduction == "mean" or not grad) and x.device.type == "cpu"
-                and not torch.compiler.is_compiling()):
-            if getattr(self, "scratch", None) is None:  # kept from step to step
-                self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
+        if (targets is not None and (reduction == "mean" or reduction == "none" and not grad)
+                and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+            if getattr(self, "scratch", None) is None:  # kept from step to step (an evaluation may make it)
+                with torch.inference_mode(False):
+                    self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
             x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)  # (N, C), (N,)
             if grad:
                 return None, ChunkedHeadLoss.apply(x, self.lm_head.weight, targets, self.scratch)

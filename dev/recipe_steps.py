@@ -1,6 +1,6 @@
 """How many steps --recipe=modern needs to reach GPT-2's loss, on the CPU default of 2026-11-27 (GPT-2's
-recipe, 4 layers, 64 wide, input.txt; EARLIER): each configuration trains a full schedule (warmup and cosine) of N steps, and N is searched for
-the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
+recipe, 4 layers, 64 wide, input.txt; EARLIER): each configuration trains a full schedule (warmup and cosine)
+of N steps, and N is searched for the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
 of the modern recipe is turned off alone, at the modern recipe's N. Two runs at a time, one thread each.
 
     python dev/recipe_steps.py                      # seeds 1337 and 42, ~45 min on 2 cores
@@ -22,7 +22,7 @@ from model import GPTConfig  # noqa: E402
 BASELINE_STEPS = 150  # the CPU default's schedule
 # the CPU default's settings that dev/cpu_sweep.py changed since (its recipe: named in CONFIGS), which this
 # measured on: docs/model.md's table
-EARLIER = ("--n_embd=64", "--val_tokens=8192")
+EARLIER = ("--B=8", "--val_tokens=8192")
 GPT2 = ("GPT-2, AdamW (the CPU default until 2026-11-28)", ("--recipe=gpt2", "--max_lr=3e-3"))  # the target's
 CONFIGS = {  # name: train_gpt2.py settings
     "GPT-2, Muon": GPT2[1] + ("--optimizer=muon",),

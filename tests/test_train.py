@@ -297,7 +297,7 @@ def test_what_a_resume_may_change():
                        "from a fit to that machine where it started), max_lr 0.0006 -> 0.001 (this machine)")
     assert said[1].startswith("the learning rate of step 1 is 1.40e-06")
     # a run started on a CPU, resumed on a GPU: its values came from the no-CUDA fallback, not the block
-    cpu = dict(saved, **settings.CPU_CONFIG)
+    cpu = dict(saved, **settings.CPU_CONFIG, max_lr=6e-3, device="cpu")
     assert changes(dict(cpu, max_lr=6e-4, val_tokens=block["val_tokens"]), config=cpu)[0] == (
         "changed since the checkpoint: max_lr 0.006 -> 0.0006 (the settings block's default; the run's came from "
         "the no-CUDA fallback where it started), val_tokens 32768 -> 10485760 (the settings block's default; the "
@@ -539,7 +539,7 @@ def test_micro_batch_is_fitted_to_the_gpus_memory(tmp_path, monkeypatch, capsys,
     need = {b: training_memory(config, b, 32, "fp32")["total"] for b in (4, 8)}
     memory = int((need[4] + need[8]) / 2 / 0.9)  # 90% of it is the budget
     monkeypatch.setattr(runtime, "device_memory", lambda device: memory)
-    args = [a for a in TINY if not a.startswith("--B=")] + (["--B=8"] if given else [])  # B=8: CPU_CONFIG's
+    args = [a for a in TINY if not a.startswith("--B=")] + (["--B=8"] if given else [])  # B=8: the fallback's 16, lowered
     train_gpt2.main(args + [f"--data_root={text}", "--max_steps=1", f"--log_dir={tmp_path}"])
     out = capsys.readouterr().out
     said = f"NOTE: B=8 needs an estimated {need[8] / 2**30:.1f} GiB per process of the GPU's"
@@ -748,7 +748,7 @@ def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
     # on a CPU too, where the fallback set B (0bcff65 said nothing there)
     cfg, notes = settings.apply_fallbacks(dict(cfg, B=64, total_batch_size=1152), {"total_batch_size": "the "
                                           "command line"}, Runtime())
-    assert cfg["B"] == 3 and notes[-1].startswith("B=3: B=8 does not divide total_batch_size=1,152")
+    assert cfg["B"] == 9 and notes[-1].startswith("B=9: B=16 does not divide total_batch_size=1,152")
 
 
 def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_write(tmp_path, capsys, text):
@@ -798,7 +798,7 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
                                                                      f"--log_dir={tmp_path}"]
     assert train_gpt2.main(args + ["--max_steps=2", f"--data_root={text}"]) == 0
     said = capsys.readouterr().out
-    assert "NOTE: val_tokens=8,192 but the validation split holds" in said
+    assert "NOTE: val_tokens=32,768 but the validation split holds" in said
     assert "NOTE: warmup_steps=2 >= max_steps=2: the learning rate climbs for the whole run and never reaches " \
            "max_lr=0.003 (lower --warmup_steps)" in said
     dotted = os.path.join(os.path.dirname(text), ".", os.path.basename(text))
@@ -974,11 +974,11 @@ def test_a_resume_replays_the_runs_flags(tmp_path, text):
     s, _ = resolve({"size": "350M", "max_lr": 1e-3, "data_root": text}, {"size": "350M"})
     assert (s.n_embd, s.max_lr) == (1024, 1e-3)
     s, notes = resolve(None, {"max_steps": 3, "data_root": text})
-    assert s.max_lr == 3e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
+    assert s.max_lr == 6e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
                                           "lines: this resume runs with this command's flags alone, so repeat "
                                           "every --NAME=VALUE the run's first command named"]
     s, _ = resolve({"max_lr": 1e-2, "data_root": text}, {"init_from": "scratch"})  # a new run: refused later
-    assert s.max_lr == 3e-3
+    assert s.max_lr == 6e-3
     assert settings.run_flags(train_gpt2.Settings, {"eval_only": True, "log_dir": str(tmp_path / "0")}) == (
         {}, {}, [])
     s, _ = resolve({"weight_decay": 0, "data_root": text}, {})  # an int where the block has a float will do
