@@ -252,7 +252,10 @@ def combine(Settings, recorded, given, rt):
     files = {k: saved[k] for k in PATHS if k in saved}
     chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
               **dict.fromkeys(recorded.flags, "the run's command"), **dict.fromkeys(given, "this command")}
-    cfg, chosen = apply_presets({**absolute(block), **files, **recorded.flags, **given}, chosen)
+    asked = {**absolute(block), **files, **recorded.flags, **given}
+    if asked["init_from"] == "resume" and files.get("init_from", "scratch") not in ("scratch", "resume"):
+        asked["init_from"] = files["init_from"]  # the run in log_dir, a fine-tune: its weights decide the model
+    cfg, chosen = apply_presets(asked, chosen)
     cfg, notes = apply_fallbacks(cfg, chosen, rt)
     if saved:  # before the checks, which would blame a flag the run's own command named
         refuse_fixed(saved, cfg, chosen, block, first_start(saved))
