@@ -55,7 +55,8 @@ def save_pretrained(model, out_dir):
     modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
     if modern:  # zero_init only changes where training starts
         raise UserError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
-                        "such option, so this model cannot be saved in its format")
+                        "such option, so this model cannot be saved in its format; a model trained with "
+                        "--recipe=gpt2 (GPT-2's own, a GPU's default) can be")
     vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
     eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
