@@ -12,12 +12,12 @@ ratio, not only the times.
         --peer_flags="--max_iters=50 --lr_decay_iters=50 --eval_interval=50"  # a smoke run, a minute
 
 --ours="FLAGS" (repeatable, with "=": FLAGS start with a dash; default: none, the CPU default) is one
-candidate's train_gpt2.py flags; each round
-runs every candidate, then nanoGPT, so the machine's drift falls on all alike. --peer is nanoGPT's folder
-(karpathy/nanoGPT: train.py, model.py, configurator.py, config/, data/shakespeare_char/prepare.py); it is
-run where it is, never copied: its data is prepared once by its own prepare.py in a work folder that links
-its files (prepare.py reads the input.txt beside it, train.py reads configurator.py, config/ and data/ from
-the folder it runs in), and its model is loaded by its own model.py. --peer_flags are added after the
+candidate's train_gpt2.py flags; each round runs every candidate, then nanoGPT, so the machine's drift falls
+on all alike. --peer is nanoGPT's folder (a clone of github.com/karpathy/nanoGPT: train.py, model.py,
+configurator.py, config/, data/shakespeare_char/prepare.py); it is run where it is, never copied: its data
+is prepared once by its own prepare.py in a work folder that links its files (prepare.py reads the input.txt
+beside it, train.py reads configurator.py, config/ and data/ from the folder it runs in), and its model is
+loaded by its own model.py. --peer_flags are added after the
 recipe's (nanoGPT's configurator: the last wins). --keep DIR keeps the runs' folders (default: removed).
 --text PATH trains both on another ASCII text (each --ours then needs --data_root=PATH: a plain run's
 fallback is input.txt); the tests' is short.
@@ -87,10 +87,12 @@ UNITS = 2048  # tokens (characters) scored in one forward: ours, 2048 x 50,304 l
 
 def check_peer(peer):
     """peer as an absolute path, or a UserError naming what is missing."""
+    clone = "a clone of github.com/karpathy/nanoGPT (its folder of train.py)"
+    if not os.path.isdir(peer):
+        raise UserError(f"--peer {peer}: no such folder: give {clone}")
     missing = [f for f in PEER_FILES if not os.path.isfile(os.path.join(peer, f))]
     if missing:
-        raise UserError(f"--peer {peer}: not nanoGPT's folder (no {missing[0]} in it): give the folder of "
-                        "karpathy/nanoGPT's train.py, such as ../shared/peers/nanogpt")
+        raise UserError(f"--peer {peer}: not nanoGPT's folder (no {missing[0]} in it): give {clone}")
     return os.path.abspath(peer)
 
 

@@ -96,13 +96,14 @@ def test_our_bits_per_byte_window_by_window(tool, tmp_path, monkeypatch):
 
 
 def test_a_wrong_peer_is_one_line(tool, tmp_path, monkeypatch):
-    """--peer names a folder without one of nanoGPT's files: one line naming the path, the missing file and
-    the fix."""
+    """--peer names no folder, or a folder without one of nanoGPT's files: one line naming the path, what is
+    wrong (the missing file) and the fix."""
     (tmp_path / "train.py").write_text("")
-    for peer, missing in ((tmp_path / "nope", "train.py"), (tmp_path, "model.py")):
+    for peer, wrong in ((tmp_path / "nope", "no such folder"), (tmp_path, "not nanoGPT's folder \\(no model.py in "
+                                                                          "it\\)")):
         monkeypatch.setattr(sys, "argv", ["laptop_vs_nanogpt.py", "--peer", str(peer)])
-        with pytest.raises(UserError, match=f"^--peer {peer}: not nanoGPT's folder \\(no {missing} in it\\): "
-                                            "give the folder of karpathy/nanoGPT's train.py"):
+        with pytest.raises(UserError, match=f"^--peer {peer}: {wrong}: give a clone of github.com/karpathy/"
+                                            "nanoGPT"):
             tool.main()
 
 
@@ -135,4 +136,4 @@ def test_the_tool_from_another_folder(tmp_path, text):
     assert float(rows[1][4]) == pytest.approx(bpb, abs=6e-5)
     assert all(2 < float(row[4]) < 17 for row in rows), rows  # a bigram at 30 steps, ours at 2 or 3
     assert_one_line_error(subprocess.run([sys.executable, TOOL, "--peer", "no/such"], cwd=tmp_path,
-                                         capture_output=True, text=True), "--peer no/such: not nanoGPT's")
+                                         capture_output=True, text=True), "--peer no/such: no such folder")
