@@ -183,7 +183,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) whatever B and T are; 128 was the fastest on 2 cores
+HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) whatever B and T; the fastest on 2 cores
 
 
 def exp_logits_(logits, targets):
@@ -237,7 +237,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
                 tc = tc.clamp(min=0)
                 losses, sums = exp_logits_(logits, tc)
                 loss += (losses * counted).sum()
-                # d(token's loss)/d(logits) = softmax - one-hot, scaled by its share: one more pass over the rows
+                # d(token's loss)/d(logits) = softmax - one-hot, scaled by its share: one more pass
                 probs = logits.mul_((share / sums)[:, None])
                 probs[torch.arange(len(tc), device=tc.device), tc] -= share
                 grad_x[i * chunk:i * chunk + len(xc)] = probs @ w

@@ -1,6 +1,6 @@
-"""Plot a training run from its log: loss (train, validation), validation bits per byte, and HellaSwag acc_norm
-and CORE where the run evaluated them (a panel each, with OpenAI's models' published levels), against step,
-optionally against a baseline run, and say how the two runs' settings differ.
+"""Plot a training run from its log: loss (train, validation), validation bits per byte, and HellaSwag
+acc_norm and CORE where the run evaluated them (a panel each, with OpenAI's models' published levels),
+against step, optionally against a baseline run, and say how the two runs' settings differ.
 
     python plot.py                                          # log/metrics.jsonl -> log/plot.png
     python plot.py --log run/metrics.jsonl --out run.png --logy

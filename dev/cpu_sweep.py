@@ -34,8 +34,10 @@ CANDIDATES = {
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peer", required=True, help="nanoGPT's folder, as dev/laptop_vs_nanogpt.py's --peer")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer", required=True,
+                        help="nanoGPT's folder, as dev/laptop_vs_nanogpt.py's --peer")
     parser.add_argument("--pairs", type=int, default=1, help="rounds in turns (default: %(default)s)")
     parser.add_argument("--only", nargs="+", choices=CANDIDATES, default=list(CANDIDATES),
                         help="the candidates to run, by label (default: all)")

@@ -1,7 +1,8 @@
 """How many steps --recipe=modern needs to reach GPT-2's loss, on the CPU default of 2026-11-27 (GPT-2's
 recipe, 4 layers, 64 wide, input.txt; EARLIER): each configuration trains a full schedule (warmup and cosine)
-of N steps, and N is searched for the smallest that reaches the validation loss GPT-2's recipe (AdamW) has after 150 steps. Then each change
-of the modern recipe is turned off alone, at the modern recipe's N. Two runs at a time, one thread each.
+of N steps, and N is searched for the smallest that reaches the validation loss GPT-2's recipe (AdamW) has
+after 150 steps. Then each change of the modern recipe is turned off alone, at the modern recipe's N. Two
+runs at a time, one thread each.
 
     python dev/recipe_steps.py                      # seeds 1337 and 42, ~45 min on 2 cores
     python dev/recipe_steps.py --seeds 1337 --no-ablation

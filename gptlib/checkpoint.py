@@ -163,8 +163,9 @@ def load_checkpoint(path, option=None):
 
 
 def missing(path, option):
-    """The CheckpointError of a checkpoint path that does not exist, naming the newest checkpoint in its folder
-    (a run keeps its newest few: a resume deletes the one a command or script names) and option to pick it."""
+    """The CheckpointError of a checkpoint path that does not exist, naming the newest checkpoint in its
+    folder (a run keeps its newest few: a resume deletes the one a command or script names) and option to pick
+    it."""
     found = checkpoints(os.path.dirname(path) or ".")
     if not found:
         return CheckpointError(f"checkpoint {path} does not exist")
@@ -373,10 +374,11 @@ def continue_run(s, chosen, rt):
     built, and the shape of the weights it starts from. A log_dir with checkpoints is continued (the same
     command again continues it, a fine-tune too): unless this command names --init_from=scratch, or
     init_from names other weights than those the run started from (both refused: they would start a second
-    run whose checkpoints rotation mixes with the first's; what else it cannot change settings.combine refused:
-    refuse_fixed). The settings keep the run's origin in init_from. Rank 0 reads the newest checkpoint that
-    verifies and shares the verdict; a finished run ends here. A run from weights (a fine-tune, a resume
-    of one) has their shape; a shape the user chose (chosen: {name: where}) that differs is refused."""
+    run whose checkpoints rotation mixes with the first's; what else it cannot change was refused in
+    settings.combine: refuse_fixed). The settings keep the run's origin in init_from. Rank 0 reads the newest
+    checkpoint that verifies and shares the verdict; a finished run ends here. A run from weights (a
+    fine-tune, a resume of one) has their shape; a shape the user chose (chosen: {name: where}) that differs
+    is refused."""
     existing = checkpoints(s.log_dir)
     if s.eval_only and existing:
         raise UserError(f"{s.log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
@@ -411,7 +413,8 @@ def finished_line(s, step):
     """What a run finished at `step` says. Where a newer checkpoint was damaged (newest_valid moved it aside),
     so were the flags of the command that wrote it (a resume replays the newest readable checkpoint's): then
     the flags that command's start record in metrics.jsonl names and this run lacks, to give again."""
-    line = f"the run in {s.log_dir} is already finished at step {step} (max_steps={s.max_steps}): nothing to do"
+    line = (f"the run in {s.log_dir} is already finished at step {step} (max_steps={s.max_steps}): nothing "
+            "to do")
     damaged = sorted(os.path.basename(p)[:-len(".damaged")]
                      for p in glob.glob(os.path.join(s.log_dir, "model_*.pt.damaged"))
                      if int(re.search(r"model_(\d+)", os.path.basename(p)).group(1)) > step)
@@ -434,12 +437,12 @@ def refuse_fixed(saved, cfg, chosen, block, started):
     fitted, read or built."""
     now = same_paths(saved, cfg)
     was = {k: saved.get(k, before) for k, before in FIXED.items()}
-    from_weights = {saved.get("init_from", "scratch"), cfg["init_from"]} - {"scratch", "resume"}  # its origin
+    from_weights = cfg["init_from"] not in ("scratch", "resume")  # the run's origin (combine put it there)
     fixed = [k for k in FIXED if was[k] != now[k] and not (from_weights and k in MODEL)]
     if fixed:
         raise UserError(f"the run in {cfg['log_dir']} has "
-                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, {source(k, now, block, chosen, started)})"
-                                    for k in fixed)
+                        + ", ".join(f"{k}={was[k]!r} (now {now[k]!r}, "
+                                    f"{source(k, now, block, chosen, started)})" for k in fixed)
                         + f", which a resume cannot change: restore {'them' if len(fixed) > 1 else 'it'} ("
                         + " ".join(f"--{k}={was[k]}" for k in fixed)
                         + ") to continue that run, or start a new one with --log_dir=NEW")

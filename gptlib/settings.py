@@ -24,8 +24,8 @@ import torch
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.accounting import count_params, training_memory
-from gptlib.checkpoint import (MODEL, PATHS, block_of, recorded_flags, refuse_fixed, resume_changes, same_path,
-                               space_note)
+from gptlib.checkpoint import (MODEL, PATHS, block_of, recorded_flags, refuse_fixed, resume_changes,
+                               same_path, space_note)
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.runtime import broadcast_object, print0
 from gptlib.trackers import TRACKERS
@@ -51,15 +51,15 @@ SHIPPED = {**SIZES["124M"], **RECIPES["gpt2"], "size": "", "recipe": "gpt2", "da
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
-    data_root=SHAKESPEARE, total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100,
-    val_tokens=32768, checkpoint_interval=300)
-CPU_CONFIG = dict(  # without a CUDA GPU (a CPU, an Apple GPU): the modern recipe, 4 x 64, 150 steps: the best
-    # held-out bpb that ran in less than nanoGPT's laptop recipe's time on 2 cores (dev/cpu_sweep.py); validated
-    # once, at the end, on the whole of input.txt's validation split (256 rows of 128)
+    data_root=SHAKESPEARE, total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30,
+    eval_interval=100, val_tokens=32768, checkpoint_interval=300)
+CPU_CONFIG = dict(  # without a CUDA GPU (a CPU, an Apple GPU): the modern recipe, 4 x 64, 150 steps: the
+    # best held-out bpb that ran in less than nanoGPT's laptop recipe's time on 2 cores (dev/cpu_sweep.py);
+    # validated once, at the end, on the whole of input.txt's validation split (256 rows of 128)
     recipe="modern", **{k: v for k, v in RECIPES["modern"].items() if k != "max_lr"}, total_batch_size=2048,
-    B=16, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, warmup_steps=20, max_steps=150, eval_interval=150,
-    val_tokens=32768, hellaswag=0, checkpoint_interval=150, compile=False)
-CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate of each recipe
+    B=16, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64, warmup_steps=20, max_steps=150,
+    eval_interval=150, val_tokens=32768, hellaswag=0, checkpoint_interval=150, compile=False)
+CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate of each recipe (laptop())
 # the valid values of every numeric setting, as check_range's (low, high, above) bounds
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
@@ -118,12 +118,12 @@ def runtime_options(Settings, recorded, given):
 
 
 def resolve(Settings, recorded, given, rt):
-    """(settings, chosen, notes): the settings block, then what the run in log_dir recorded (Recorded) and this
-    command's flags (given), the presets, the fallbacks and every check (combine), for this runtime; chosen:
-    {name: where the user chose it}. Each NOTE (the runtime's, then the recorded run's, then combine's) is
-    printed and returned for the log. Under torchrun the recorded run is rank 0's: a node that does not see
-    log_dir reads none (its device, dtype and collective_timeout came from its flags already: name those again
-    if the run's first command did)."""
+    """(settings, chosen, notes): the settings block, then what the run in log_dir recorded (Recorded) and
+    this command's flags (given), the presets, the fallbacks and every check (combine), for this runtime;
+    chosen: {name: where the user chose it}. Each NOTE (the runtime's, then the recorded run's, then
+    combine's) is printed and returned for the log. Under torchrun the recorded run is rank 0's: a node that
+    does not see log_dir reads none (its device, dtype and collective_timeout came from its flags already:
+    name those again if the run's first command did)."""
     if rt.distributed:
         recorded = Recorded(*broadcast_object(tuple(recorded), rt.patient))
     s, chosen, own = combine(Settings, recorded, given, rt)
@@ -244,17 +244,17 @@ def combine(Settings, recorded, given, rt):
     """(settings, chosen, notes): the settings block, then the run's recorded files and flags and this
     command's (given), the size and recipe presets, the fallbacks without data or a GPU, what a resume cannot
     change, the checks, and whether torch.compile works here, in that order, with the device kind and dtype rt
-    runs. chosen: {name: where} of each setting the user chose, which the presets and fallbacks keep: edited in
-    the block (off SHIPPED), named by a command, or set by a preset that was. The run's files (PATHS) as its
-    first start resolved them are the run's, wherever this command runs from, unless it names others. A setting
-    that cannot work is a UserError."""
+    runs. chosen: {name: where} of each setting the user chose, which the presets and fallbacks keep: edited
+    in the block (off SHIPPED), named by a command, or set by a preset that was. The run's files (PATHS) as
+    its first start resolved them are the run's, wherever this command runs from, unless it names others. A
+    setting that cannot work is a UserError."""
     block, saved = block_of(Settings), recorded.config
     files = {k: saved[k] for k in PATHS if k in saved}
     chosen = {**{k: "the settings block" for k, v in SHIPPED.items() if block[k] != v},
               **dict.fromkeys(recorded.flags, "the run's command"), **dict.fromkeys(given, "this command")}
     asked = {**absolute(block), **files, **recorded.flags, **given}
     if asked["init_from"] == "resume" and files.get("init_from", "scratch") not in ("scratch", "resume"):
-        asked["init_from"] = files["init_from"]  # the run in log_dir, a fine-tune: its weights decide the model
+        asked["init_from"] = files["init_from"]  # the run, a fine-tune: its weights decide the model
     cfg, chosen = apply_presets(asked, chosen)
     cfg, notes = apply_fallbacks(cfg, chosen, rt)
     if saved:  # before the checks, which would blame a flag the run's own command named
@@ -271,14 +271,21 @@ def combine(Settings, recorded, given, rt):
 
 def first_start(saved):
     """{name: what set it when the run started} of the settings the run's first start filled in by what it
-    recorded: a fallback's value where that fallback ran (a device without CUDA; the data_root input.txt), else
-    a fit for B and val_tokens; a resume that sets one otherwise says so (checkpoint.source)."""
-    laptop = CPU_CONFIG | {"max_lr": CPU_MAX_LR.get(saved.get("recipe", "gpt2"))}
-    ran = {"no-CUDA": laptop if saved.get("device") in ("cpu", "mps") else {},
+    recorded: a fallback's value where that fallback ran (a device without CUDA; the data_root input.txt),
+    else a fit for B and val_tokens; a resume that sets one otherwise says so (checkpoint.source)."""
+    ran = {"no-CUDA": laptop(saved.get("recipe", "gpt2")) if saved.get("device") in ("cpu", "mps") else {},
            "no-shards": SHAKESPEARE_CONFIG if same_path(saved.get("data_root", ""), SHAKESPEARE) else {}}
-    started = {k: next((f"the {name} fallback" for name, small in ran.items() if k in small and small[k] == v),
-                       "a fit to that machine" if k in ("B", "val_tokens") else None) for k, v in saved.items()}
-    return {k: why for k, why in started.items() if why}
+    started = {}
+    for k, v in saved.items():
+        fell = [name for name, small in ran.items() if k in small and small[k] == v]
+        if fell or k in ("B", "val_tokens"):
+            started[k] = f"the {fell[0]} fallback" if fell else "a fit to that machine"
+    return started
+
+
+def laptop(recipe):
+    """The no-CUDA fallback's settings (CPU_CONFIG) with the peak learning rate of recipe."""
+    return {**CPU_CONFIG, "max_lr": CPU_MAX_LR[recipe]}
 
 
 def apply_presets(cfg, chosen):
@@ -305,7 +312,8 @@ def apply_fallbacks(cfg, chosen, rt):
     a resume may change it, as B): B is lowered where needed to keep it whole, with its own NOTE."""
     small, why, notes = {}, [], []
     doing = "evaluating" if cfg["eval_only"] else "training"
-    no_shards = "data_root" not in chosen and cfg["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR)
+    no_shards = ("data_root" not in chosen and cfg["data_root"] == FINEWEB_DIR
+                 and not os.path.exists(FINEWEB_DIR))
     if no_shards:
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
@@ -313,13 +321,14 @@ def apply_fallbacks(cfg, chosen, rt):
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
         notes.append(f"no shards in {FINEWEB_DIR}/ (run `python fineweb.py` to make them): {doing} on "
                      "input.txt")
-    if no_shards or "data_root" not in chosen and same_path(cfg["data_root"], SHAKESPEARE):  # or a resume of it
+    # the fallback's input.txt, or a resume's of a run it gave input.txt
+    if no_shards or "data_root" not in chosen and same_path(cfg["data_root"], SHAKESPEARE):
         small.update(SHAKESPEARE_CONFIG)
         why.append("input.txt")
     if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
         where = "an Apple GPU (mps)" if rt.kind == "mps" else "the CPU"
         notes.append(f"no CUDA device: {doing} on {where}")
-        small.update(CPU_CONFIG, max_lr=CPU_MAX_LR[cfg["recipe"] if "recipe" in chosen else "modern"])
+        small.update(laptop(cfg["recipe"] if "recipe" in chosen else "modern"))
         why.append(where)
     if cfg["init_from"] not in ("scratch", "resume"):  # weights: the model, and so its recipe, are theirs
         small = {k: v for k, v in small.items() if k not in MODEL + ("recipe",) + tuple(RECIPES["modern"])}

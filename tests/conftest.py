@@ -17,9 +17,9 @@ from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "train_gpt2.py")
-TINY = ["--device=cpu", "--recipe=gpt2", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=32", "--B=4", "--T=32",
-        "--total_batch_size=256", "--warmup_steps=2", "--max_lr=3e-3", "--val_tokens=256", "--hellaswag=0",
-        "--compile=False"]
+TINY = ["--device=cpu", "--recipe=gpt2", "--n_layer=2", "--n_head=2", "--n_kv_head=2", "--n_embd=32", "--B=4",
+        "--T=32", "--total_batch_size=256", "--warmup_steps=2", "--max_lr=3e-3", "--val_tokens=256",
+        "--hellaswag=0", "--compile=False"]
 # One thread per process: the exact-resume tests compare runs bit for bit, and a multi-threaded CPU math
 # library does not promise the same rounding from run to run.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
