@@ -45,8 +45,6 @@ class GPTConfig:
     rmsnorm: bool = False  # parameter-free RMSNorm instead of LayerNorm (gain and bias)
     embed_norm: bool = False  # the token embeddings RMS-normalized before the first block
 
-    MODERN = ("rotary", "qk_norm", "relu2", "untied_head", "zero_init", "rmsnorm", "embed_norm")
-
     def __post_init__(self):
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head

@@ -31,12 +31,13 @@ import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
 from gptlib.accounting import Clock, duration, mfu, peak_flops
-from gptlib.checkpoint import continue_run, load_model, remove_stale_writes, save_run
+from gptlib.checkpoint import load_model, remove_stale_writes, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
 from gptlib.runlog import RunLog, hold_log_dir, metrics_path
 from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
+from gptlib.settings import plural
 from gptlib.tokenizer import get_encoding, token_bytes
 from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
 from model import GPT, GPTConfig
@@ -110,19 +111,14 @@ SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samp
 def main(argv=None):
     """Train (or with eval_only, evaluate) as the settings block and argv (default: the command line) say;
     returns the process's exit status."""
-    # ------------------------------------ processes, device, settings, and the run in log_dir to continue
+    # ------------------------------------------ start-up: the processes, what runs, the run's state, decided once
     given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
-    recorded = settings.run_flags(Settings, given)  # a resume: the run's own files and flags, replayed first
-    rt = runtime.setup(**settings.runtime_options(Settings, recorded, given))  # processes, GPU, dtype
-    s, chosen, notes = settings.resolve(Settings, recorded, given, rt)  # presets, fallbacks, checks
-    hold_log_dir(s.log_dir, rt)  # one run at a time per log_dir
-    s, resume = continue_run(s, chosen, rt)  # None, or the run in log_dir; the weights' shape
-    if resume is not None and resume.finished:  # and evaluated
+    rt = runtime.setup(**settings.runtime_options(Settings, given))  # processes, GPU, dtype
+    hold_log_dir(given.get("log_dir", CONFIG["log_dir"]), rt)  # one run at a time per log_dir
+    s, resume, origin = settings.resolve(Settings, given, rt)  # presets or the run's own settings, checks, fits
+    if resume is not None and resume.finished and not resume.unevaluated:
         return 0
-    s, fitted = settings.fit(s, chosen, rt, resume)  # the GPU's B, the disk, the val split; what changed
-
-    # ---------------------------------------------------------- model, data, optimizers, log: decided once
-    run = start_run(s, rt, resume, {**recorded.flags, **given}, notes + fitted)
+    run = start_run(s, rt, resume, origin)  # model, data, optimizers, log
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
         with run.log:
             evaluate(run)
@@ -205,7 +201,7 @@ class Run:
     core: object  # CORE's core_eval.Prepared tasks (core=0: None)
     log: RunLog
     clock: Clock
-    flags: dict  # the --NAME=VALUE flags of the run's commands, merged: its checkpoints record them
+    origin: dict  # settings.resolve's notes, where each setting came from and the block: the log's, the checkpoints'
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
     doing: str = "starting"  # what the loop is doing, for messages: "in step 5", "evaluating step 4"
@@ -216,9 +212,9 @@ class Run:
         return self.s.total_batch_size // (self.s.B * self.s.T * self.rt.world_size)
 
 
-def start_run(s, rt, resume, named, notes):
+def start_run(s, rt, resume, origin):
     """The Run: the model, data, optimizers and log, each decided once; the resumed run's state restored; its
-    first record written. named: the flags that named the settings (recorded); notes: the settings' NOTEs."""
+    first record written (origin: settings.resolve's)."""
     torch.manual_seed(s.seed)  # the same initial weights on every rank
     model = build_model(s, resume).to(rt.device)
     train_loader, val_loader, examples, core = load_data(s, rt)
@@ -230,7 +226,7 @@ def start_run(s, rt, resume, named, notes):
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
-              RunLog(metrics_path(s.log_dir), rt), clock, {k: v for k, v in named.items() if k != "log_dir"})
+              RunLog(metrics_path(s.log_dir), rt), clock, origin)
     if resume is not None:
         run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
         run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
@@ -241,20 +237,18 @@ def start_run(s, rt, resume, named, notes):
             print0(f"NOTE: removed {name}, a checkpoint an earlier attempt did not finish writing")
     if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
         run.log.set_aside()
-    log_start(run, notes)
+    log_start(run)
     models.train_model.train()
     return run
 
 
 def build_model(s, resume):
-    """The GPT to train or evaluate: the resumed run's shape, init_from's weights (an OpenAI name, an HF
-    folder or a checkpoint file; the optimizer starts fresh), or new weights of the settings' shape."""
-    if resume is not None:
-        return GPT(GPTConfig(**{**resume.model_config, **settings.how_it_trains(s)}))
-    if s.init_from == "scratch":
+    """The GPT to train or evaluate, of the settings' shape: new weights, or init_from's (an OpenAI name, an HF
+    folder or a checkpoint file; the optimizer starts fresh); a resume's come in restore()."""
+    if resume is not None or s.init_from == "scratch":
         return GPT(settings.model_shape(s))
     model = load_model(s.init_from, "--init_from")
-    model.config = dataclasses.replace(model.config, **settings.how_it_trains(s))
+    model.config = settings.model_shape(s)  # the weights' fields, and how this run trains them
     return model
 
 
@@ -308,7 +302,7 @@ def wrap_model(raw_model, s, rt):
     return Models(raw_model, compiled, compiled, s.compile)
 
 
-def log_start(run, notes):
+def log_start(run):
     """Print what this run is and write its first record: the settings, the model, the environment. An
     evaluation's log starts afresh."""
     s, rt, model = run.s, run.rt, run.models.raw
@@ -328,19 +322,20 @@ def log_start(run, notes):
         for name, tokens in loader.skipped:  # a corpus's short last shard
             print0(f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "
                    f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on")
-        mem = settings.memory_estimate(s, rt, s.B)
-        sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-                   + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32"
-                      else "") + ")") if s.fsdp else ""
-        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {rt.world_size} processes x "
-               f"{run.accum_steps} accumulation steps; device {rt.device}; estimated training memory per "
-               f"process {mem / 2**30:.1f} GiB{sharded}")
+        mem = "" if rt.memory is None else (  # a GPU's, which settings.fit fits B to
+            f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB" + (
+                f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+                + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+                + ")" if s.fsdp else ""))
+        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {plural(rt.world_size, 'process')} x "
+               f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}")
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
              "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
-             "flags": run.flags, "fallbacks": notes, "time": time.time(),
+             "notes": run.origin["notes"], "source": run.origin["source"], "time": time.time(),
              "run": runtime.run_info(rt, run.models.compiled, run.optimizers)}
     run.log.log([start])
-    run.log.open_trackers(s.tracker, s.log_dir, start)
+    if s.tracker:
+        run.log.open_trackers(s.tracker, s.log_dir, start)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -396,7 +391,8 @@ def save(run):
     """Every rank: the run's state after run.step in log_dir (checkpoint.save_run); its name for messages.
     The loader's position is the same on every rank."""
     s, rt = run.s, run.rt
-    meta = {"step": run.step, "config": dataclasses.asdict(s), "flags": run.flags,
+    meta = {"step": run.step, "config": dataclasses.asdict(s), "block": run.origin["block"],
+            "source": run.origin["source"],
             "world_size": rt.world_size, "dataloader": run.train_loader.state_dict(),
             "scaler": run.scaler.state_dict(), "elapsed": run.clock.elapsed()}
     return save_run(s.log_dir, run.models.raw, run.optimizers, meta, rt, s.keep_checkpoints)
@@ -404,6 +400,12 @@ def save(run):
 
 # ------------------------------------------------------------------------------------------------------------
 # stopping: the failures that name their fix (what every rank agrees on after a step: runtime.agree)
+
+def memory(run):
+    """accounting.py's estimate of this run's training memory per process, in bytes."""
+    s = dataclasses.asdict(run.s)
+    return settings.memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
+
 
 def resume_hint(run):
     """What the same command does next, for messages."""
@@ -432,7 +434,7 @@ def out_of_memory_hint(run):
         if not runtime.is_out_of_memory(e):
             raise
         s, rt = run.s, run.rt
-        est = settings.memory_estimate(s, rt, s.B) / 2**30
+        est = memory(run) / 2**30
         smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
         of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
         fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else

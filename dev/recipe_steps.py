@@ -18,7 +18,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from model import GPTConfig  # noqa: E402
+from gptlib.settings import RECIPES  # noqa: E402
 
 BASELINE_STEPS = 150  # the CPU default's schedule
 # the CPU default's settings that dev/cpu_sweep.py changed since (its recipe: named in CONFIGS), which this
@@ -30,7 +30,7 @@ CONFIGS = {  # name: train_gpt2.py settings
     "--recipe=modern": ("--recipe=modern",),
 }
 # the ablation: the modern recipe without one change (its settings' GPT-2 values)
-WITHOUT = {name: (f"--{name}=False",) for name in GPTConfig.MODERN}
+WITHOUT = {name: (f"--{name}=False",) for name, on in RECIPES["modern"].items() if on is True}
 WITHOUT |= {"Muon (AdamW at 3e-3 for the matrices)": ("--optimizer=adamw", "--max_lr=3e-3")}
 WITHOUT |= {f"{name} (max_lr's)": (f"--{name}=0",) for name in ("embed_lr", "head_lr")}
 

@@ -7,17 +7,15 @@ import dataclasses
 import re
 import time
 
+import torch
+
+from model import GPT
+
 
 def count_params(config, non_embedding=False):
-    """Parameter count from the config alone (equals GPT(config).num_params(), without building the model)."""
-    C, L, kv = config.n_embd, config.n_layer, config.n_kv_head * config.head_dim
-    attn = C * (C + 2 * kv) + (C + 2 * kv) + C * C + C  # c_attn, c_proj (weights + biases)
-    mlp = C * 4 * C + 4 * C + 4 * C * C + C  # c_fc, c_proj
-    norms = 0 if config.rmsnorm else 2 * C  # a LayerNorm's gain and bias; RMSNorm has none
-    wte, wpe = config.vocab_size * C, 0 if config.rotary else config.block_size * C
-    head = wte if config.untied_head else 0  # tied: wte is lm_head
-    n = wte + wpe + L * (attn + mlp + 2 * norms) + norms + head  # + ln_1, ln_2 a block, ln_f
-    return n - wpe - (wte if config.untied_head else 0) if non_embedding else n  # lookups: no FLOPs
+    """GPT(config).num_params(), counted on a model built on the meta device (no memory, no time)."""
+    with torch.device("meta"):
+        return GPT(config).num_params(non_embedding)
 
 
 def flops_per_token(config, T=None):
@@ -106,7 +104,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1, compiled=False):
     autocast a block's parameters and gradients are gathered in the compute dtype and the gradients cast to
     fp32 for the reduction: 2 + 2 + 4 bytes). Then the only autocast weight copy is lm_head's.
     Not included: DDP's gradient buckets, gradients in flight during backward, allocator slack, what the
-    modern options (GPTConfig.MODERN) change in the activations (a few percent), Muon's smaller state."""
+    modern recipe's options change in the activations (a few percent), Muon's smaller state."""
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp16' (autocast) or 'fp32'")
     a = 4 if dtype == "fp32" else 2  # bytes per activation in the compute dtype

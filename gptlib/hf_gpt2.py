@@ -3,6 +3,7 @@ the Hub) or a local folder in HF GPT-2 format (config.json + model.safetensors) 
 that format with GPT-2's tokenizer files, which transformers' GPT2LMHeadModel and AutoTokenizer read.
 HF's GPT-2 uses Conv1D where model.py uses nn.Linear: those weights are transposed on the way in and out.
 """
+import dataclasses
 import json
 import os
 
@@ -15,6 +16,8 @@ from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 OPENAI = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}  # name: size
 PRETRAINED = {name: f"openai-community/{name}" for name in OPENAI}  # Hub ids
+HF_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")  # the GPTConfig fields HF's config.json has
+TRAINING = ("grad_checkpoint", "flash", "zero_init")  # how a model trains or computes, not what it computes
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -48,15 +51,12 @@ def save_pretrained(model, out_dir):
     lm_head is tied to wte, so it is stored once."""
     from safetensors.torch import save_file
     c = model.config
-    if c.n_kv_head != c.n_head:
-        raise UserError(f"n_kv_head={c.n_kv_head} != n_head={c.n_head}: Hugging Face GPT-2 has no "
-                        "multi-query / grouped-query attention, so this model cannot be saved in its "
-                        "format")
-    modern = [name for name in GPTConfig.MODERN if name != "zero_init" and getattr(c, name)]
-    if modern:  # zero_init only changes where training starts
-        raise UserError(f"{', '.join(f'{name}=True' for name in modern)}: Hugging Face GPT-2 has no "
-                        "such option, so this model cannot be saved in its format; a model trained with "
-                        "--recipe=gpt2 (GPT-2's own, a GPU's default) can be")
+    gpt2 = GPTConfig(**{k: getattr(c, k) for k in HF_FIELDS})  # what HF's GPT-2 expresses, the rest GPT-2's
+    other = [f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c) if f.name not in TRAINING
+             and getattr(c, f.name) != getattr(gpt2, f.name)]
+    if other:
+        raise UserError(f"{', '.join(other)}: Hugging Face's GPT-2 has no such option, so this model cannot be "
+                        "saved in its format; a model trained with --recipe=gpt2 (GPT-2's own) can be")
     vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
     eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,
