@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gptlib import packing, runtime
-from gptlib.documents import iter_jsonl
+from gptlib.tokenizer import iter_jsonl
 from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
 from gptlib.packing import common_prefix
 from gptlib.tokenizer import encode_many, get_encoding

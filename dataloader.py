@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 
-from gptlib.documents import DOCUMENT_FILES, tokenize_file
+from gptlib.tokenizer import DOCUMENT_FILES, tokenize_file
 from gptlib.errors import UserError, first_line
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256

@@ -43,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from dataloader import read_header, shard_path, split_point, to_uint16, write_shard
-from gptlib.documents import DOCUMENT_FILES, field, iter_file, text_of
+from gptlib.tokenizer import DOCUMENT_FILES, field, iter_file, text_of
 from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
 
 REMOTE, REMOTE_CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"

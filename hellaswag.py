@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from gptlib import packing, runtime
-from gptlib.documents import iter_jsonl
+from gptlib.tokenizer import iter_jsonl
 from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
 from gptlib.runtime import autocast, hub_online
 from gptlib.tokenizer import encode_many, get_encoding

@@ -15,7 +15,7 @@ import json
 import os
 
 from core_eval import GPT2_CORE
-from gptlib.accounting import duration
+from gptlib.runlog import duration
 from gptlib.errors import UserError, command_line, main_guard
 from gptlib.runlog import read_log
 

@@ -30,12 +30,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
-from gptlib.accounting import Clock, duration, mfu, peak_flops
+from gptlib.accounting import mfu, peak_flops
 from gptlib.checkpoint import load_model, remove_stale_writes, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
-from gptlib.runlog import RunLog, hold_log_dir, metrics_path
+from gptlib.runlog import Clock, RunLog, duration, hold_log_dir, metrics_path
 from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
 from gptlib.settings import plural
 from gptlib.tokenizer import get_encoding, token_bytes
@@ -126,7 +126,7 @@ def main(argv=None):
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
 
     # ---------------------------------------------------------------------------------------- training loop
-    with run.log, catch_stop_signals() as stop_signal, out_of_memory_hint(run), peer_timeout_hint(run):
+    with run.log, catch_stop_signals() as stop_signal, failure_hints(run):
         if resume is not None and resume.unevaluated:  # its checkpoint was written, its evaluation failed
             evaluate_or_stop(run, run.last_checkpoint)
         while run.step < s.max_steps:
@@ -143,7 +143,7 @@ def main(argv=None):
             dt = time.time() - t0
             run.step = step = run.step + 1
             tok_s = s.total_batch_size / dt
-            util = mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)
+            util = peak and mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)  # a known GPU's
             mem = runtime.peak_memory(rt.device)  # this rank's; None off CUDA
             elapsed, eta = run.clock.elapsed(), run.clock.eta(step, s.max_steps)
             print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
@@ -274,22 +274,9 @@ def load_data(s, rt):
 
 def wrap_model(raw_model, s, rt):
     """Models: how this rank runs the model. DDP goes inside torch.compile (each bucket's all-reduce overlaps
-    the backward); evaluation runs without it. FSDP2 shards each Block, then the root (the tying survives):
-    every rank must run every forward, and torch.compile goes region by region (GPT.compile_regions)."""
+    the backward); evaluation runs without it. FSDP: shard_model."""
     if s.fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast
-        # would cast them anyway) and their gradients reduced in fp32. The root stays fp32, and so does the
-        # residual stream between the blocks (cast_forward_inputs=False), as under DDP.
-        low = None if rt.dtype == "fp32" else runtime.TORCH_DTYPES[rt.dtype]
-        mixed = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None,
-                                     cast_forward_inputs=False)
-        for block in raw_model.transformer.h:
-            fully_shard(block, mp_policy=mixed)
-        fully_shard(raw_model)  # in place: raw_model is now the sharded model
-        if s.compile:
-            raw_model.compile_regions()
-        return Models(raw_model, raw_model, raw_model, s.compile)
+        return shard_model(raw_model, s, rt)
     maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
         ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
@@ -300,6 +287,24 @@ def wrap_model(raw_model, s, rt):
         return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model), s.compile)
     compiled = maybe_compile(raw_model)
     return Models(raw_model, compiled, compiled, s.compile)
+
+
+def shard_model(raw_model, s, rt):
+    """Models under FSDP2: each Block sharded, then the root (the tying survives); every rank must run every
+    forward, and torch.compile goes region by region (GPT.compile_regions)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # in bf16 or fp16 runs the blocks' parameters are gathered in that dtype (half the bytes; autocast would
+    # cast them anyway) and their gradients reduced in fp32. The root stays fp32, and so does the residual
+    # stream between the blocks (cast_forward_inputs=False), as under DDP.
+    low = None if rt.dtype == "fp32" else runtime.TORCH_DTYPES[rt.dtype]
+    mixed = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None,
+                                 cast_forward_inputs=False)
+    for block in raw_model.transformer.h:
+        fully_shard(block, mp_policy=mixed)
+    fully_shard(raw_model)  # in place: raw_model is now the sharded model
+    if s.compile:
+        raw_model.compile_regions()
+    return Models(raw_model, raw_model, raw_model, s.compile)
 
 
 def log_start(run):
@@ -425,37 +430,33 @@ def diverged(run, loss, norm):
 
 
 @contextlib.contextmanager
-def out_of_memory_hint(run):
-    """The GPU running out of memory in a step or a checkpoint (also inside compiled code) is a RankError
-    naming the B to try; other errors pass through (an evaluation's: evaluate_or_stop)."""
+def failure_hints(run):
+    """The failures of a step or a checkpoint that name their fix, with the newest checkpoint: the GPU out of
+    memory (also inside compiled code) is a RankError naming the B to try; a collective that lost another
+    process (it hangs, and this one waited collective_timeout; or it ended: it failed where the ranks could not
+    agree, and said why, or was killed) a UserError naming what this one was doing. Other errors pass through
+    (an evaluation's: evaluate_or_stop)."""
     try:
         yield
     except Exception as e:
-        if not runtime.is_out_of_memory(e):
-            raise
-        s, rt = run.s, run.rt
-        est = memory(run) / 2**30
-        smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
-        of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
-        fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
-               "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
-        raise RankError(f"out of memory {run.doing} at B={s.B}, T={s.T} (estimated {est:.1f} GiB per "
-                        f"process{of}): {fix}. {resume_hint(run)}") from None
-
-
-@contextlib.contextmanager
-def peer_timeout_hint(run):
-    """A collective that lost another process (it hangs, and this one waited collective_timeout; or it ended:
-    it failed where the ranks could not agree, and said why, or was killed) is a UserError naming what this
-    process was doing and the newest checkpoint; other errors pass through."""
-    try:
-        yield
-    except Exception as e:
+        if runtime.is_out_of_memory(e):
+            raise RankError(out_of_memory(run)) from None
         if not runtime.peer_lost(e):
             raise
         why = (f"no answer from another process for {run.s.collective_timeout} s (--collective_timeout)"
                if runtime.timed_out(e) else "another process ended (its own line says why, if it could)")
         raise UserError(f"{why} while this one was {run.doing}. {resume_hint(run)}") from None
+
+
+def out_of_memory(run):
+    """The line of running out of GPU memory in a step or a checkpoint: the B to try."""
+    s, rt = run.s, run.rt
+    smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
+    of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
+    fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
+           "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")
+    return (f"out of memory {run.doing} at B={s.B}, T={s.T} (estimated {memory(run) / 2**30:.1f} GiB per "
+            f"process{of}): {fix}. {resume_hint(run)}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -533,7 +534,7 @@ def evaluate_or_stop(run, checkpoint):
         step, eval_B, rt = run.step, run.s.eval_B or run.s.B, run.rt
         if runtime.agreed(e, rt):  # every rank is here: they write the step's state together
             checkpoint = checkpoint or save(run)
-        if isinstance(e, PeerFailed) or runtime.peer_lost(e):  # the failing rank or peer_timeout_hint says it
+        if isinstance(e, PeerFailed) or runtime.peer_lost(e):  # the failing rank or failure_hints says it
             raise
         where = (f"the step is in {checkpoint}; rerun the same command, which evaluates step {step} first"
                  if checkpoint else f"the newest checkpoint is {run.last_checkpoint}; rerun the same command")

@@ -3,6 +3,7 @@ JSON record per line, rank 0 appends): RunLog, its one writer (also feeding Tens
 readers (read_log for plot.py, report.md and the checks; log_lines for the resume, which trims what a failed
 attempt wrote after its checkpoint).
 """
+import collections
 import json
 import os
 import socket
@@ -205,3 +206,38 @@ def read_log(path):
             raise UserError(f"{path}:{i + 1}: not valid JSON; is this a train_gpt2.py "
                             "metrics.jsonl?") from None
     return records
+
+
+# ------------------------------------------------------------------------------------------ the run's time
+
+class Clock:
+    """A run's training time so far (`elapsed`: seconds before this process, from its checkpoint) and the
+    time to max_steps at the pace of the last `window` steps, evaluations and checkpoints included."""
+
+    def __init__(self, elapsed, window):
+        self.start = time.time() - elapsed
+        self.laps = collections.deque(maxlen=window + 1)  # (step, time) at the end of the recent steps
+
+    def lap(self, step):
+        """At the end of a step, after its evaluation and checkpoint."""
+        self.laps.append((step, time.time()))
+
+    def elapsed(self):
+        return time.time() - self.start
+
+    def eta(self, step, max_steps):
+        """Seconds to max_steps from `step` (just trained) at the pace between the recent laps (whole steps,
+        evaluations included: over a window of eval_interval steps, one evaluation), or None before two."""
+        if len(self.laps) < 2:
+            return None
+        (first, then), (last, now) = self.laps[0], self.laps[-1]
+        return (now - then) / (last - first) * (max_steps - step)
+
+
+def duration(seconds):
+    """1h02m03s, 2m03s or 13s; ? for None."""
+    if seconds is None:
+        return "?"
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"

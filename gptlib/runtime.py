@@ -211,10 +211,9 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 def setup(device="auto", dtype="auto", timeout=None):
-    """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), the process group
-    under torchrun (NCCL between GPUs, gloo between CPU processes; a collective that waits `timeout` seconds
-    for another rank fails) and the patient group beside it, its own GPU, TF32 matmuls, and the compute
-    dtype, decided on that GPU. A device or dtype that cannot work here is a UserError."""
+    """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), its device and dtype
+    (use_gpu), the process groups under torchrun (join). A device or dtype that cannot work here is a
+    UserError."""
     distributed = "RANK" in os.environ
     if distributed and "WORLD_SIZE" not in os.environ:
         raise UserError("RANK is set but WORLD_SIZE is not: launch with torchrun (or set WORLD_SIZE, "
@@ -231,41 +230,52 @@ def setup(device="auto", dtype="auto", timeout=None):
         oldest = ".".join(map(str, MIN_TORCH))
         rt.notes.append(f"torch {torch.__version__} is older than {oldest}, the oldest this project is "
                         f"tested on: pip install -r requirements.txt upgrades it")
-    if rt.kind != "cuda":
-        rt.dtype = resolve_dtype(dtype, rt.kind)
-        if rt.kind == "cpu" and rt.dtype == "fp16":  # runs as asked: the fp16 path (loss scaling) on a laptop
-            rt.notes.append("dtype=fp16 on a CPU: no fp16 matrix units, so autocast and loss scaling make "
-                            "each step slower than fp32 (1.7x on this project's 2-core CPU): for trying the "
-                            "fp16 path; --dtype=auto (fp32 here) trains faster")
     if rt.kind == "cuda":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
-        if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it; LOCAL_RANK 0 says
-            raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "
-                            f"{gpus} GPU{'s' if gpus != 1 else ''} visible (CUDA_VISIBLE_DEVICES="
-                            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one process a GPU, so use "
-                            f"--nproc_per_node={gpus}")
-        rt.device = f"cuda:{rt.local_rank}"
-        torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-        rt.dtype = resolve_dtype(dtype, rt.device)
-        if rt.dtype == "bf16" and not native_bf16(rt.device):
-            major, minor = torch.cuda.get_device_capability(rt.device)
-            rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
-                            f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto "
-                            f"uses fp16 here")
+        use_gpu(rt, dtype)
+    else:
+        rt.dtype = resolve_dtype(dtype, rt.kind)
+    if rt.kind == "cpu" and rt.dtype == "fp16":  # runs as asked: the fp16 path (loss scaling) on a laptop
+        rt.notes.append("dtype=fp16 on a CPU: no fp16 matrix units, so autocast and loss scaling make each "
+                        "step slower than fp32 (1.7x on this project's 2-core CPU): for trying the fp16 "
+                        "path; --dtype=auto (fp32 here) trains faster")
     if distributed:
-        wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
-        # device_id: NCCL binds the rank's GPU now, so a barrier need not guess it (and say so in a warning)
-        dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait,
-                                device_id=torch.device(rt.device) if rt.kind == "cuda" else None)
-        rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
-        # every rank connected before any leaves: a rank that stops at once (a mistake every rank finds, only
-        # local rank 0 says) would break the connections a slower rank is still making, with a traceback
-        dist.barrier(group=rt.patient)
+        join(rt, timeout)
     rt.memory = device_memory(rt.device)  # None off CUDA
     if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
         rt.memory = min(all_gather(rt.memory))
     return rt
+
+
+def use_gpu(rt, dtype):
+    """setup()'s CUDA part: this rank's own GPU (one a process), TF32 matmuls, the dtype decided on it."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
+    if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it; LOCAL_RANK 0 says
+        raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "
+                        f"{gpus} GPU{'s' if gpus != 1 else ''} visible (CUDA_VISIBLE_DEVICES="
+                        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one process a GPU, so use "
+                        f"--nproc_per_node={gpus}")
+    rt.device = f"cuda:{rt.local_rank}"
+    torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
+    rt.dtype = resolve_dtype(dtype, rt.device)
+    if rt.dtype == "bf16" and not native_bf16(rt.device):
+        major, minor = torch.cuda.get_device_capability(rt.device)
+        rt.notes.append(f"dtype=bf16 on a GPU without bf16 tensor cores (compute capability "
+                        f"{major}.{minor}): emulated, many times slower and not compiled; --dtype=auto "
+                        f"uses fp16 here")
+
+
+def join(rt, timeout):
+    """setup()'s torchrun part: the process group (NCCL between GPUs, gloo between CPU processes; a collective
+    that waits `timeout` seconds for another rank fails) and the patient group beside it."""
+    wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
+    # device_id: NCCL binds the rank's GPU now, so a barrier need not guess it (and say so in a warning)
+    dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait,
+                            device_id=torch.device(rt.device) if rt.kind == "cuda" else None)
+    rt.patient = dist.new_group(timeout=COLLECTIVE_TIMEOUT)
+    # every rank connected before any leaves: a rank that stops at once (a mistake every rank finds, only
+    # local rank 0 says) would break the connections a slower rank is still making, with a traceback
+    dist.barrier(group=rt.patient)
 
 
 def compile_blocker(rt):
@@ -368,7 +378,7 @@ def agreed(e, rt):
 def stop_everywhere(error, rt):
     """This rank's line to stop with (None: go on), a UserError on every rank: the lowest rank with a line
     says it, the others stop silently (together)."""
-    with together(rt):
+    with together(rt) if rt.distributed else contextlib.nullcontext():
         if error:
             raise UserError(error)
 

@@ -273,10 +273,10 @@ def test_gpu_check_parts_that_run_on_a_cpu():
 def test_the_eta_counts_evaluations_at_the_recent_pace(monkeypatch):
     """Steps of 1 s with an evaluation of 4 s every 2 steps: over a window of 2 steps the pace is 3 s a step,
     so 10 steps before the end the ETA is 30 s; the elapsed time goes on from a resumed run's."""
-    from gptlib import accounting
+    from gptlib import runlog
     now = [1000.0]
-    monkeypatch.setattr(accounting.time, "time", lambda: now[0])
-    clock = accounting.Clock(elapsed=50.0, window=2)
+    monkeypatch.setattr(runlog.time, "time", lambda: now[0])
+    clock = runlog.Clock(elapsed=50.0, window=2)
     assert clock.elapsed() == 50.0 and clock.eta(1, 20) is None  # no pace yet
     for step in range(1, 11):
         now[0] += 1.0  # the step
@@ -285,7 +285,7 @@ def test_the_eta_counts_evaluations_at_the_recent_pace(monkeypatch):
         now[0] += 4.0 if step % 2 == 0 else 0.0  # its evaluation
         clock.lap(step)
     assert eta == (20 - 10) * 3.0 and clock.elapsed() == 50.0 + 10 + 5 * 4
-    assert [accounting.duration(x) for x in (None, 13, 123, 3723)] == ["?", "13s", "2m03s", "1h02m03s"]
+    assert [runlog.duration(x) for x in (None, 13, 123, 3723)] == ["?", "13s", "2m03s", "1h02m03s"]
 
 
 def item_calls(fn):

@@ -14,7 +14,7 @@ from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
                         write_shard)
 import fineweb
-from gptlib.documents import tokenize_file
+from gptlib.tokenizer import tokenize_file
 from gptlib.errors import UserError
 from gptlib.tokenizer import get_encoding
 
@@ -724,7 +724,7 @@ def test_pretokenized_count_and_a_hub_with_fewer_shards(tmp_path, monkeypatch, c
 def test_a_jsonl_line_that_is_not_an_object_is_one_line(tmp_path):
     """A bare string or a list on a .jsonl line, in a data_root file or fineweb.py's input: one line naming
     the file and the line, not a TypeError."""
-    from gptlib.documents import iter_file
+    from gptlib.tokenizer import iter_file
     for bad, kind in (('"just text"', "str"), ('["a", "b"]', "list")):
         path = tmp_path / f"{kind}.jsonl"
         path.write_text('{"text": "fine"}\n' + bad + "\n")
