@@ -55,7 +55,7 @@ def save_pretrained(model, out_dir):
     other = [f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c) if f.name not in TRAINING
              and getattr(c, f.name) != getattr(gpt2, f.name)]
     if other:
-        raise UserError(f"{', '.join(other)}: Hugging Face's GPT-2 has no such option, so this model cannot be "
+        raise UserError(f"{', '.join(other)}: Hugging Face GPT-2 has no such option, so this model cannot be "
                         "saved in its format; a model trained with --recipe=gpt2 (GPT-2's own) can be")
     vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
     eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None

@@ -100,11 +100,17 @@ def resolve(Settings, given, rt):
     if found and given.get("eval_only", block["eval_only"]):
         raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
+    if found and given.get("init_from") == "scratch":  # a second run's checkpoints would mix with the first's
+        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with --log_dir=NEW, "
+                        "or drop --init_from=scratch to continue that one")
     resume = read_newest(log_dir, rt) if found else None
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
                           continued(block, resume.meta, given, log_dir))
+    notes = rt.notes + notes
     cfg["log_dir"] = log_dir
     validate(cfg, rt)
+    if resume is None and cfg["init_from"] != "scratch":  # the weights decide the shape
+        weights_shape(cfg, source, given, model_fields(block))
     notes += fit(cfg, source, given, rt)
     s = Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype})
     if resume is not None:
@@ -146,7 +152,7 @@ def first_start(block, given, rt):
     for name, table in (("recipe", RECIPES), ("size", SIZES)):
         chosen = given.get(name, {k: v for _, d in presets for k, v in d.items()}.get(name, block[name]))
         if chosen and chosen not in table:
-            raise UserError(f"--{name}={chosen!r}: use {' or '.join(table)}"
+            raise UserError(f"--{name}={chosen!r}: use one of {', '.join(table)}"
                             + (', or "" for the shape in the settings block' if name == "size" else ""))
         if chosen and (name in given or not weights):
             presets.append((f"--{name}={chosen}", table[chosen]))
@@ -162,20 +168,23 @@ def first_start(block, given, rt):
     notes = [f"presets {'; '.join(name for name, _ in presets)}: "
              + ", ".join(f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
     cfg = {**absolute(block), **preset, **given}
-    if weights:  # the weights decide the shape; T within their positions
-        config, fields = model_config(cfg["init_from"], "--init_from"), model_fields(block)
-        differ = [k for k in fields if k in given and given[k] != config[k]]
-        if differ:
-            raise UserError(f"{', '.join(f'{k}={given[k]}' for k in differ)} (this command), but "
-                            f"{cfg['init_from']} has {', '.join(f'{k}={config[k]}' for k in differ)}: the "
-                            f"weights decide the model's shape; drop {'them' if len(differ) > 1 else 'it'}, "
-                            f"or start from scratch")
-        if cfg["T"] > config["block_size"]:
-            raise UserError(f"T={cfg['T']}, but {cfg['init_from']} has {config['block_size']} positions "
-                            f"(block_size): use --T={config['block_size']} or less")
-        cfg.update({k: config[k] for k in fields})
-        source.update(dict.fromkeys((k for k in fields if config[k] != block[k]), "the weights"))
     return cfg, source, notes
+
+
+def weights_shape(cfg, source, given, fields):
+    """cfg (in place) with the model fields of the weights it starts from; one the command names that differs
+    is a UserError, as is a T beyond their positions."""
+    config = model_config(cfg["init_from"], "--init_from")
+    differ = [k for k in fields if k in given and given[k] != config[k]]
+    if differ:
+        raise UserError(f"{', '.join(f'{k}={given[k]}' for k in differ)} (this command), but {cfg['init_from']} "
+                        f"has {', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+                        f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
+    if cfg["T"] > config["block_size"]:
+        raise UserError(f"T={cfg['T']}, but {cfg['init_from']} has {config['block_size']} positions "
+                        f"(block_size): use --T={config['block_size']} or less")
+    source.update(dict.fromkeys((k for k in fields if config[k] != cfg[k]), "the weights"))
+    cfg.update({k: config[k] for k in fields})
 
 
 def continued(block, meta, given, log_dir):
@@ -189,7 +198,7 @@ def continued(block, meta, given, log_dir):
     if cfg["init_from"] == "resume":  # the run's own origin
         cfg["init_from"] = saved["init_from"]
     source = {**dict.fromkeys(edited, "the settings block"), **dict.fromkeys(given, "this command")}
-    fixed = [k for k in (*FIXED, *model_fields(block)) if cfg[k] != saved[k]]
+    fixed = [k for k in (*model_fields(block), *FIXED) if cfg[k] != saved[k]]
     if fixed:
         raise UserError(f"the run in {log_dir} has "
                         + ", ".join(f"{k}={saved[k]!r} (now {cfg[k]!r}, {source[k]})" for k in fixed)
@@ -203,7 +212,7 @@ def changes(resume, s, source, rt):
     """The NOTEs of what this start changes in the run it resumes, each with where the change came from."""
     saved, now = resume.meta["config"], dataclasses.asdict(s)
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source.get(k, 'this machine')})" for k, v in now.items()
-               if k in saved and saved[k] != v and k != "log_dir"]
+               if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != rt.world_size:
         notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> {rt.world_size}")
@@ -246,7 +255,7 @@ def validate(cfg, rt):
         raise UserError(missing_data_root(cfg["data_root"]))
     for key, bounds in RANGES.items():
         check_range(f"--{key}", cfg[key], *bounds)
-    if cfg["T"] > cfg["block_size"]:
+    if cfg["T"] > cfg["block_size"] and cfg["init_from"] == "scratch":  # weights: weights_shape
         raise UserError(f"T={cfg['T']} exceeds block_size={cfg['block_size']}: lower T or raise block_size")
     row = cfg["T"] * rt.world_size  # tokens of one row on every process
     if cfg["total_batch_size"] % row:
@@ -285,7 +294,7 @@ def fit(cfg, source, given, rt):
         raise UserError(f"the validation split of {cfg['data_root']} holds no row of T+1 = {cfg['T'] + 1} "
                         "tokens: lower T, or give it more text")
     if cfg["val_tokens"] // cfg["T"] > rows:
-        notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {rows:,} rows of "
+        notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {plural(rows, 'row')} of "
                      f"{cfg['T']} tokens: evaluating on those, once each")
         cfg["val_tokens"], source["val_tokens"] = rows * cfg["T"], "the validation split"
     if cfg["eval_only"]:

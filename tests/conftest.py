@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gptlib.checkpoint import checkpoints, save_checkpoint
+from gptlib.settings import RECIPES
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +78,7 @@ def reference(tmp_path_factory, worker_id, text):
     return losses(d / "log"), final_weights(d / "log")["model"], d / "log"
 
 
+MODERN = [k for k, v in RECIPES["modern"].items() if v is True]  # the model options of the modern recipe
 MODERN_RUN = ["--recipe=modern"]  # every model option, Muon for the block matrices
 
 
@@ -216,7 +218,7 @@ def build(config, seed=0):
 
 def trained_modern(seed=0):
     """The modern options with weights moved off their zero init, so that every path matters."""
-    m = build(tiny(**{name: True for name in GPTConfig.MODERN}), seed)
+    m = build(tiny(**{name: True for name in MODERN}), seed)
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)

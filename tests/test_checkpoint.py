@@ -117,15 +117,17 @@ def test_newest_valid(tmp_path):
     notes = []
     path, ckpt = newest_valid(str(tmp_path), notes.append)
     assert path.endswith("model_000004.pt") and ckpt["step"] == 4
-    assert len(notes) == 2 and "model_000006.pt is damaged" in notes[0] and notes[0].endswith(": skipped")
+    assert len(notes) == 1 and "model_000006.pt is damaged" in notes[0]
     # moved aside: no longer among the checkpoints, so rotation never keeps it in place of a good one
-    assert "aside to model_000006.pt.damaged" in notes[1] and (tmp_path / "model_000006.pt.damaged").exists()
+    assert notes[0].endswith("aside to model_000006.pt.damaged") and (tmp_path / "model_000006.pt.damaged").exists()
     assert [os.path.basename(p) for p in checkpoints(str(tmp_path))] == ["model_000002.pt", "model_000004.pt"]
     for step in (2, 4):
         (tmp_path / f"model_{step:06d}.pt").write_bytes(b"PK")
-    with pytest.raises(CheckpointError, match="none of the 2 checkpoints in .* verifies"):
+    with pytest.raises(CheckpointError, match=r"none of the 2 checkpoints in .* verifies \(see above; each moved "
+                                              r"aside as \*.damaged\): restore one from a copy, or start afresh"):
         newest_valid(str(tmp_path), notes.append)
-    assert len(checkpoints(str(tmp_path))) == 2  # none verifies: nothing renamed
+    assert checkpoints(str(tmp_path)) == []  # the same as when an older one verifies: each damaged moved aside
+    assert len(notes) == 3 and all(note.endswith(".pt.damaged") for note in notes)
 
 
 @pytest.mark.parametrize("name", ["sample", "hellaswag"])
@@ -164,6 +166,7 @@ def test_a_damaged_checkpoints_line_names_the_earlier_one_that_verifies(tmp_path
         load_model(paths[2], "--model")
     assert str(e.value).startswith(f"checkpoint {paths[2]} is damaged: it cannot be read (")
     assert str(e.value).endswith(hint) and "\n" not in str(e.value)
+    assert len(str(e.value).split(" (", 1)[1].split(")")[0]) <= 80  # torch's own text runs to ~500 characters
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(paths[2])
     assert ";" not in str(e.value).split(")")[-1]

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_line_error, save_model, script, write_jsonl
+from conftest import MODERN, ROOT, assert_one_line_error, save_model, script, write_jsonl
 from conftest import hellaswag_example as example
 from gptlib import packing
 from gptlib.errors import UserError
@@ -35,7 +35,7 @@ def models(request, model):
     if request.param == "gpt2":
         return model
     torch.manual_seed(0)
-    modern = {name: True for name in GPTConfig.MODERN if name != "zero_init"}
+    modern = {name: True for name in MODERN if name != "zero_init"}
     return GPT(GPTConfig(block_size=512, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, **modern)).eval()
 
 

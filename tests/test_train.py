@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import (ENV, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
+from conftest import (ENV, MODERN, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_line_error, final_weights, loss_steps,
                       losses, records, run_args, train)
 from gptlib import checkpoint, settings
 from gptlib.checkpoint import checkpoints
@@ -32,15 +32,17 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert train_gpt2.main(TINY + ["--max_steps=30", "--eval_interval=15", "--checkpoint_interval=15",
                                    f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
-    assert "NOTE: no shards in edu_fineweb10B/" in said and "NOTE: no CUDA device" in said
+    assert ("NOTE: presets input.txt's (no shards in edu_fineweb10B/, which `python fineweb.py` makes: training "
+            "on input.txt); the laptop's (no CUDA device: training on the CPU): data_root=") in said
     recs = records(log)
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
     assert (start["config"]["device"], start["config"]["dtype"]) == ("cpu", "fp32")  # what ran, not "auto"
     assert start["config"]["n_layer"] == 2 and start["config"]["max_steps"] == 30  # the command line's, kept
-    assert start["fallbacks"][:2] == ["no shards in edu_fineweb10B/ (run `python fineweb.py` to make them): "
-                                      "training on input.txt", "no CUDA device: training on the CPU"]
-    assert "; kept from this command: total_batch_size=256, B=4, T=32, " in start["fallbacks"][2]
+    assert start["notes"][0].startswith("presets input.txt's (") and "n_layer" not in start["notes"][0]
+    assert start["source"]["data_root"] == "the preset input.txt's"  # where each setting came from
+    assert start["source"]["n_layer"] == start["source"]["max_steps"] == "this command"
+    assert "muon_lr" not in start["source"]  # the block's: not listed
     loss = losses(log)
     assert sorted(loss) == list(range(1, 31))
     assert sum(loss[s] for s in range(26, 31)) / 5 < sum(loss[s] for s in range(1, 6)) / 5 - 1.0  # it learns
@@ -150,17 +152,14 @@ def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
                                         r".*--log_dir=NEW"):
         train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--n_layer=3", "--T=16", "--max_steps=10"])
     assert {p: open(p, "rb").read() for p in glob.glob(str(log / "*"))} == before  # nothing touched
-    # a later command (--max_steps=10) wrote a newer checkpoint, since damaged: its flags went with it, so the
-    # same command again replays step 8's (max_steps=8); the line says so and what to type
+    # a later command (--max_steps=10) wrote a newer checkpoint, since damaged: step 8's settings run, and
+    # the line says how to go on
     (log / "model_000010.pt").write_bytes(b"PK, cut short")
-    start = next(r for r in records(log) if r.get("event") == "start")
-    with open(log / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({**start, "step": 8, "flags": {**start["flags"], "max_steps": 10}}) + "\n")
     assert train_gpt2.main([f"--log_dir={log}"]) == 0
-    assert (f"already finished at step 8 (max_steps=8): nothing to do. The newer model_000010.pt was damaged, "
-            f"and with it the flags of the command that wrote it (a resume replays the newest readable "
-            f"checkpoint's): {log / 'metrics.jsonl'} records them; rerun with --max_steps=10 to train on from "
-            f"step 8\n") in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "model_000010.pt is damaged" in said and (log / "model_000010.pt.damaged").exists()
+    assert (f"already finished at step 8 (max_steps=8): nothing to do. Raise --max_steps to train further, or "
+            f"start afresh with --log_dir=NEW\n") in said
 
 
 @pytest.mark.slow
@@ -276,62 +275,44 @@ def test_mistakes_in_model_and_data_stop_in_one_line(tmp_path, monkeypatch, text
 
 
 def test_what_a_resume_may_change():
-    """What a resume may change: B, learning rates and weight decay (one NOTE, each change with where it came
-    from); what it may not: the shape, the data stream, the optimizer (one UserError naming each)."""
+    """A resume runs the run's saved settings with the block's lines edited since the command that wrote the
+    checkpoint and this command's flags, each change said with where it came from; what it cannot change (the
+    model, the data stream, the optimizer) is one UserError naming each and both ways out."""
     from types import SimpleNamespace
-    from model import GPTConfig
-    Settings, block = train_gpt2.Settings, train_gpt2.CONFIG
-    saved = dict(block, B=4)
-
-    def changes(now, given=(), world=1, config=saved):
-        """combine's refusal, then fit's NOTEs, for settings now against the saved config."""
-        resume, chosen = SimpleNamespace(meta={"config": config, "world_size": world}, step=0), dict.fromkeys(
-            given, "this command")
-        started = settings.first_start(config)
-        checkpoint.refuse_fixed(config, now, chosen, block, started)
-        return checkpoint.resume_changes(resume, Settings(**now), chosen, 1, started)
-    assert changes(dict(saved, B=2, max_lr=6e-4, embed_lr=0.2), given=["embed_lr"]) == [
-        "changed since the checkpoint: B 4 -> 2 (this machine), embed_lr 0.0 -> 0.2 (this command)"]
-    said = changes(dict(saved, B=64, max_lr=1e-3))  # the block's B, unedited: the run's 4 was a fit
-    assert said[0] == ("changed since the checkpoint: B 4 -> 64 (the settings block's default; the run's came "
-                       "from a fit to that machine where it started), max_lr 0.0006 -> 0.001 (this machine)")
-    assert said[1].startswith("the learning rate of step 1 is 1.40e-06")
-    # a run started on a CPU, resumed on a GPU: its values came from the no-CUDA fallback, not the block
-    cpu = dict(saved, **settings.CPU_CONFIG, max_lr=6e-3, device="cpu")
-    assert changes(dict(cpu, max_lr=6e-4, val_tokens=block["val_tokens"]), config=cpu)[0] == (
-        "changed since the checkpoint: max_lr 0.006 -> 0.0006 (the settings block's default; the run's came from "
-        "the no-CUDA fallback where it started), val_tokens 32768 -> 10485760 (the settings block's default; the "
-        "run's came from the no-CUDA fallback where it started)")
-    with pytest.raises(UserError, match="n_layer=4 \\(now 12, the settings block's default; the run's came from "
-                                        "the no-CUDA fallback where it started\\)"):
-        changes(dict(cpu, n_layer=12), config=cpu)
-    block_edit = dict(saved, weight_decay=0.2)  # not a setting a fallback sets: the block edited since
-    assert changes(saved, config=block_edit) == [
-        "changed since the checkpoint: weight_decay 0.2 -> 0.1 (the settings block)"]
-    assert changes(saved, world=2) == ["processes changed since the checkpoint: 2 -> 1"]
+    from gptlib.runtime import Runtime
+    block = train_gpt2.CONFIG
+    saved = dict(block, B=4, max_lr=1e-2, embed_lr=0.01, recipe="modern", optimizer="muon", n_layer=4)
+    meta = {"config": saved, "block": block}
+    cfg, source, _ = settings.continued(block, meta, {"max_steps": 3}, "log")  # the run's, not the block's
+    assert {k: cfg[k] for k in ("B", "max_lr", "embed_lr", "optimizer", "n_layer", "max_steps")} == {
+        "B": 4, "max_lr": 1e-2, "embed_lr": 0.01, "optimizer": "muon", "n_layer": 4, "max_steps": 3}
+    edited = dict(block, weight_decay=0.2)  # a line edited since: applied; one undone since: applied too
+    cfg, source, _ = settings.continued(edited, meta, {"embed_lr": 0.2}, "log")
+    assert (cfg["weight_decay"], source) == (0.2, {"weight_decay": "the settings block", "embed_lr": "this command"})
+    cfg, _, _ = settings.continued(block, {**meta, "block": edited}, {}, "log")
+    assert cfg["weight_decay"] == block["weight_decay"]
+    cfg, _, _ = settings.continued(block, {"config": saved}, {}, "log")  # written before blocks were kept
+    assert cfg == saved
+    s = train_gpt2.Settings(**dict(cfg, B=2, embed_lr=0.2, max_lr=1e-3, device="cpu", dtype="fp32"))
+    resume = SimpleNamespace(meta={"config": saved, "world_size": 2}, step=0)
+    said = settings.changes(resume, s, {"B": "a fit to 1 process", "embed_lr": "this command"}, Runtime())
+    assert said[0] == ("changed since the checkpoint: B 4 -> 2 (a fit to 1 process), max_lr 0.01 -> 0.001 "
+                       "(this machine), embed_lr 0.01 -> 0.2 (this command)")
+    assert said[1] == "processes changed since the checkpoint: 2 -> 1"
+    assert said[2].startswith("the learning rate of step 1 is 1.40e-06 on the new schedule, 1.40e-05 on the")
     for key, value in [("vocab_size", 512), ("n_kv_head", 1), ("shuffle", True), ("total_batch_size", 1024),
-                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "muon"),
-                       ("T", 512)]:
-        with pytest.raises(UserError, match=f"{key}={saved[key]!r} \\(now {value!r}, this command\\)"):
-            changes(dict(saved, **{key: value}), given=[key])
-    # a checkpoint from before the recipe settings existed was GPT-2's: it resumes as such, and not as modern
-    old = {k: v for k, v in saved.items()
-           if k not in ("recipe", "embed_lr", "head_lr") and k not in GPTConfig.MODERN}
-    assert changes(saved, config=old) == []
-    with pytest.raises(UserError, match="untied_head=False \\(now True, this machine\\)"):  # not the block's
-        changes(dict(saved, untied_head=True), config=old)
-    with pytest.raises(UserError, match="n_layer=12 \\(now 4, this machine\\), .*T=1024 \\(now 128, this "
-                                        "machine\\)"):  # the CPU fallback's, not the block's
-        changes(dict(saved, n_layer=4, T=128))
-    # a path spelt otherwise (relative, before paths were kept absolute) is the same file: no change
-    here = os.path.abspath("input.txt")
-    assert changes(dict(saved, data_root=here, hellaswag_data=here), config=dict(
-        saved, data_root="input.txt", hellaswag_data="./input.txt")) == []
-    # a device and dtype saved as "auto" (before settings held what ran) are not a change
-    now = dict(saved, device="cpu", dtype="fp32")
-    assert changes(now, config=dict(saved, device="auto", dtype="auto")) == []
-    assert changes(now, config=dict(saved, device="cpu", dtype="bf16")) == [
-        "changed since the checkpoint: dtype 'bf16' -> 'fp32' (this machine)"]
+                       ("data_root", "other.txt"), ("seed", 1), ("block_size", 64), ("optimizer", "adamw"),
+                       ("T", 512), ("rotary", True), ("init_from", "gpt2"), ("recipe", "gpt2"), ("size", "124M")]:
+        with pytest.raises(UserError, match=f"^the run in log has {key}={saved[key]!r} \\(now {value!r}, this "
+                                            f"command\\), which a resume cannot change: restore it \\(--{key}="):
+            settings.continued(block, meta, {key: value}, "log")
+    with pytest.raises(UserError, match=r"has n_layer=4 \(now 6, the settings block\), .*--log_dir=NEW$"):
+        settings.continued(dict(block, n_layer=6), meta, {}, "log")
+    # --init_from=resume is the run's own origin; a model field added since (in the block, not in the
+    # checkpoint) has the block's value, and no change
+    cfg, _, _ = settings.continued(block, {"config": {k: v for k, v in saved.items() if k != "rotary"}},
+                                   {"init_from": "resume"}, "log")
+    assert cfg["init_from"] == "scratch" and cfg["rotary"] is False
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
@@ -353,9 +334,15 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text)
 
 # ------------------------------------------------------------------------------------------------ settings
 
+def decide(tmp_path, given, rt, Settings=None):
+    """settings.resolve of this command's flags (given) into a fresh log_dir under tmp_path on runtime rt."""
+    given = {"log_dir": str(tmp_path / "log"), "compile": False, **given}
+    return settings.resolve(Settings or train_gpt2.Settings, given, rt)
+
+
 @pytest.mark.parametrize("kind, world_size", [("cuda", 1), ("cuda", 8), ("cpu", 1), ("cpu", 2), ("mps", 1)])
 def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, kind, world_size):
-    """No shards (and maybe no GPU): the settings chosen make a valid run on input.txt, with a batch of the
+    """No shards (and maybe no GPU): the presets chosen make a valid run on input.txt, with a batch of the
     same number of tokens whatever the number of processes (B is lowered to keep it whole), so a resume may
     change B or the number of processes. Under torchrun, missing shards are a mistake, not a demo. An Apple
     GPU (a faked mps) trains the laptop's model, said as such, eager in fp32."""
@@ -363,66 +350,71 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, kind, world_size
     from gptlib.runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
     rt = Runtime(world_size=world_size, kind=kind, device=kind)
-    cfg, notes = settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
-    assert cfg["data_root"] == settings.SHAKESPEARE and notes[0].startswith("no shards in edu_fineweb10B/")
+    s, _, origin = decide(tmp_path, {}, rt)
+    assert s.data_root == settings.SHAKESPEARE and s.device == kind and s.dtype == "fp32"
     where = {"cuda": None, "cpu": "the CPU", "mps": "an Apple GPU (mps)"}[kind]
-    assert notes[1] == f"no CUDA device: training on {where}" if where else "settings for input.txt" in notes[1]
-    assert cfg["total_batch_size"] == (4096 if kind == "cuda" else 2048)
-    if kind == "mps":
-        s, _, notes = settings.combine(train_gpt2.Settings, settings.Recorded(), {}, rt)
-        assert (s.device, s.dtype, s.compile, s.n_embd) == ("mps", "fp32", False, settings.CPU_CONFIG["n_embd"])
-        assert notes[-1].startswith(f"settings for input.txt and {where}: ")
-    assert cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * world_size) == 0 and cfg["T"] <= cfg["block_size"]
+    presets = origin["notes"][0]
+    assert presets.startswith("presets input.txt's (no shards in edu_fineweb10B/, which `python fineweb.py` "
+                              "makes: training on input.txt)" + (f"; the laptop's (no CUDA device: training on "
+                                                                 f"{where})" if where else ""))
+    assert s.total_batch_size == (4096 if kind == "cuda" else 2048)
+    assert (s.n_embd, s.compile) == ((768, False) if kind == "cuda" else (64, False))
+    assert s.total_batch_size % (s.B * s.T * world_size) == 0 and s.T <= s.block_size
     for split in ("train", "val"):  # raises if a split is shorter than one step
-        DataLoaderLite(cfg["B"], cfg["T"], world_size - 1, world_size, split, cfg["data_root"])
-    kept, _ = settings.apply_fallbacks(dict(train_gpt2.CONFIG, B=2), {"B": "the command line"}, rt)
-    assert kept["B"] == 2 and kept["total_batch_size"] == cfg["total_batch_size"]  # the command line wins
+        DataLoaderLite(s.B, s.T, world_size - 1, world_size, split, s.data_root)
+    s, _, _ = decide(tmp_path, {"B": 2}, rt)
+    assert s.B == 2 and s.total_batch_size == (4096 if kind == "cuda" else 2048)  # the command line wins
     rt.distributed = True
     where = tmp_path / "edu_fineweb10B"
     with pytest.raises(UserError, match=rf"no shards in {where} \(data_root is relative to the directory "
                                          r"you run from\): make them there with `python fineweb.*"
                                          r"--data_root=input.txt"):
-        settings.apply_fallbacks(dict(train_gpt2.CONFIG), {}, rt)
+        decide(tmp_path, {}, rt)
     from dataloader import DataLoaderLite as Loader  # a file named that is not there: no shard advice
     with pytest.raises(UserError, match=r"data_root nope.txt does not exist: check the path") as e:
         Loader(2, 8, data_root="nope.txt")
     assert "fineweb.py" not in str(e.value)
 
 
-def test_the_settings_block_ships_what_the_presets_and_fallbacks_take_as_untouched():
-    """settings.SHIPPED, the values a preset or a fallback may replace, is what train_gpt2.py's settings
-    block ships, and names every setting they set: a value off it is the user's edit, which they keep."""
-    assert {k: train_gpt2.CONFIG[k] for k in settings.SHIPPED} == settings.SHIPPED
-    presets = {k for preset in (*settings.SIZES.values(), *settings.RECIPES.values()) for k in preset}
-    assert presets | set(settings.CPU_CONFIG) | set(settings.SHAKESPEARE_CONFIG) <= set(settings.SHIPPED)
+def test_the_presets_set_settings_of_the_block():
+    """Every setting a preset sets is a line of the settings block (a preset cannot invent one)."""
+    presets = [*settings.SIZES.values(), *settings.RECIPES.values(), settings.LAPTOP, settings.SHAKESPEARE_CONFIG]
+    assert {k for preset in presets for k in preset} <= set(train_gpt2.CONFIG)
 
 
-def test_size_and_recipe_presets():
+def test_size_and_recipe_presets(tmp_path, text):
+    """The block, then the presets (a size, a recipe, the laptop's), then the command line; a shape the command
+    names is that shape, whole (GPT-2's 12 heads with its n_layer and n_embd on a CPU, not the laptop's 4)."""
     from gptlib.runtime import Runtime
     from model import GPTConfig
-    named = {"size": "the command line", "n_layer": "the command line"}
-    cfg, chosen = settings.apply_presets({**train_gpt2.CONFIG, "size": "350M", "n_layer": 4}, named)
+    gpu, cpu = Runtime(kind="cuda", device="cuda"), Runtime()
     shape = ("n_layer", "n_head", "n_kv_head", "n_embd", "max_lr")
-    assert tuple(cfg[k] for k in shape) == (4, 16, 16, 1024, 3e-4)
-    # chosen on the command line: the CPU fallback keeps the preset's shape
-    assert chosen["n_embd"] == "--size=350M" and chosen["n_layer"] == "the command line"
-    cpu, notes = settings.apply_fallbacks(cfg, chosen, Runtime())
-    assert (cpu["n_layer"], cpu["n_embd"], cpu["max_lr"]) == (4, 1024, 3e-4)
-    assert "; kept from --size=350M: n_head=16, n_kv_head=16, n_embd=1024, max_lr=0.0003" in notes[-1]
+    for rt in (gpu, cpu):  # the size's shape with the command's n_layer, and the size's max_lr
+        s, _, origin = decide(tmp_path, {"size": "350M", "n_layer": 4, "data_root": text}, rt)
+        assert tuple(getattr(s, k) for k in shape) == (4, 16, 16, 1024, 3e-4)
+        assert origin["source"]["n_embd"] == "the preset --size=350M" and origin["source"]["n_layer"] == "this command"
+    s, _, origin = decide(tmp_path, {"n_layer": 12, "n_embd": 768, "data_root": text}, cpu)
+    assert (s.n_layer, s.n_head, s.n_kv_head, s.n_embd, s.T) == (12, 12, 12, 768, 128)  # T: the laptop's
+    assert origin["notes"][0].startswith("presets the laptop's (no CUDA device: training on the CPU); "
+                                         "--recipe=modern: ") and "n_head" not in origin["notes"][0]
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
-        cfg, _ = settings.apply_presets({**train_gpt2.CONFIG, "size": size}, {"size": "the command line"})
-        assert (cfg["n_layer"], cfg["n_embd"]) == (layers, width) and cfg["n_embd"] % cfg["n_head"] == 0
-    # "": the settings as they are
-    assert settings.apply_presets(dict(train_gpt2.CONFIG), {})[0] == train_gpt2.CONFIG
+        s, _, _ = decide(tmp_path, {"size": size, "data_root": text}, gpu)
+        assert (s.n_layer, s.n_embd) == (layers, width) and s.n_embd % s.n_head == 0
+    s, _, origin = decide(tmp_path, {"data_root": text}, gpu)  # "": the settings as they are
+    ours = ("data_root", "log_dir", "compile", "val_tokens")  # this command's, and the split's fit
+    assert {k: v for k, v in dataclasses.asdict(s).items() if k not in ours + ("device", "dtype")} == {
+        k: v for k, v in train_gpt2.CONFIG.items() if k not in ours + ("device", "dtype")}
+    assert not any(note.startswith("presets") for note in origin["notes"]) and set(origin["source"]) == set(ours)
     # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
-    cfg, chosen = settings.apply_presets({**train_gpt2.CONFIG, "recipe": "modern", "rotary": False},
-                                         {"recipe": "the command line", "rotary": "the command line"})
-    assert cfg["optimizer"] == "muon" and cfg["max_lr"] == 6e-3 and chosen["max_lr"] == "--recipe=modern"
-    assert cfg["head_lr"] == cfg["embed_lr"] == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
-    assert not cfg["rotary"] and all(cfg[k] for k in GPTConfig.MODERN if k != "rotary")
-    assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in GPTConfig.MODERN)
-    with pytest.raises(UserError, match="--recipe='new': use gpt2"):
-        settings.apply_presets({**train_gpt2.CONFIG, "recipe": "new"}, {"recipe": "the command line"})
+    s, _, origin = decide(tmp_path, {"recipe": "modern", "rotary": False, "data_root": text}, gpu)
+    assert s.optimizer == "muon" and s.max_lr == 6e-3 and origin["source"]["max_lr"] == "the preset --recipe=modern"
+    assert s.head_lr == s.embed_lr == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
+    assert not s.rotary and all(getattr(s, k) for k in MODERN if k != "rotary")
+    assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in MODERN)
+    s, _, _ = decide(tmp_path, {"recipe": "gpt2", "data_root": text}, cpu)  # on a CPU: its laptop rate
+    assert (s.recipe, s.optimizer, s.rotary, s.max_lr, s.n_embd) == ("gpt2", "adamw", False, 3e-3, 64)
+    with pytest.raises(UserError, match="--recipe='new': use one of gpt2, modern"):
+        decide(tmp_path, {"recipe": "new", "data_root": text}, gpu)
     from gptlib.accounting import count_params  # the presets are GPT-2's sizes
     for size, n in {"124M": 124_439_808, "350M": 354_823_168, "774M": 774_030_080,
                     "1558M": 1_557_611_200}.items():
@@ -478,7 +470,7 @@ def test_overrides_are_checked():
      r"total_batch_size=1,000 is not a multiple of T\*world_size = 32\*1 = 32: use a multiple of it, such "
      "as 992"),
     (["--total_batch_size=96"],
-     "--B=4 does not divide total_batch_size=96 into whole micro-steps of 32 tokens x 1 processes: use one "
+     "--B=4 does not divide total_batch_size=96 into whole micro-steps of 32 tokens x 1 process: use one "
      "of 3, 1"),
     (["--T=2048"], "T=2048 exceeds block_size=1024"),
     (["--data_root=nowhere"], "data_root nowhere does not exist"),
@@ -547,11 +539,12 @@ def test_micro_batch_is_fitted_to_the_gpus_memory(tmp_path, monkeypatch, capsys,
     start = records(tmp_path)[0]
     if given:
         assert "it may run out of memory; --B=4 fits the estimate" in out
-        assert start["config"]["B"] == 8 and "8 x 32 x 1 processes x 1 accumulation steps" in out
+        assert start["config"]["B"] == 8 and "8 x 32 x 1 process x 1 accumulation step;" in out
     else:
         assert "using B=4, the largest that fits (set --B to choose)" in out
-        assert start["config"]["B"] == 4 and "4 x 32 x 1 processes x 2 accumulation steps" in out
-    assert any(said[6:] in note for note in start["fallbacks"])
+        assert start["config"]["B"] == 4 and "4 x 32 x 1 process x 2 accumulation steps" in out
+        assert start["source"]["B"] == "a fit to the GPU's memory"
+    assert any(said[6:] in note for note in start["notes"])
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
@@ -737,18 +730,17 @@ def test_extending_a_finished_run_says_where_the_learning_rate_goes(tmp_path, ca
     assert max(losses(log)) == 12
 
 
-def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(text):
+def test_a_batch_that_b_does_not_divide_lowers_b_with_a_note(tmp_path, text):
     """total_batch_size that the settings block's B does not divide: B is lowered to the largest that does,
     with a NOTE naming both (before, an error named a B the user never set)."""
     from gptlib.runtime import Runtime
-    cfg = dict(train_gpt2.CONFIG, data_root=text, total_batch_size=96 * 1024)
-    cfg, notes = settings.apply_fallbacks(cfg, {"total_batch_size": "the command line"}, Runtime(kind="cuda"))
-    assert cfg["B"] == 48 and notes == ["B=48: B=64 does not divide total_batch_size=98,304 into whole "
-                                        "micro-steps of 1024 tokens x 1 processes (set --B to choose)"]
-    # on a CPU too, where the fallback set B (0bcff65 said nothing there)
-    cfg, notes = settings.apply_fallbacks(dict(cfg, B=64, total_batch_size=1152), {"total_batch_size": "the "
-                                          "command line"}, Runtime())
-    assert cfg["B"] == 9 and notes[-1].startswith("B=9: B=16 does not divide total_batch_size=1,152")
+    s, _, origin = decide(tmp_path, {"data_root": text, "total_batch_size": 96 * 1024}, Runtime(kind="cuda"))
+    assert s.B == 48 and origin["notes"][0] == ("B=48: B=64 does not divide total_batch_size=98,304 into whole "
+                                                "micro-steps of 1024 tokens x 1 process (set --B to choose)")
+    assert origin["source"]["B"] == "a fit to 1 process"
+    # on a CPU too, where the laptop's preset set B (0bcff65 said nothing there)
+    s, _, origin = decide(tmp_path, {"data_root": text, "total_batch_size": 1152}, Runtime())
+    assert s.B == 9 and origin["notes"][1].startswith("B=9: B=16 does not divide total_batch_size=1,152")
 
 
 def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_write(tmp_path, capsys, text):
@@ -814,11 +806,10 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
 
 @pytest.mark.slow
 def test_extending_a_fine_tune_keeps_what_its_command_named(tmp_path, monkeypatch, capsys, text, reference):
-    """A resume runs as if the run's own command were typed again with this one's flags after it: a
-    fine-tune started with its data, a tiny shape, --max_lr, --B, --compile=False, --hellaswag_data and
-    --tracker, extended with --max_steps alone from another folder (no edu_fineweb10B/ there, and a play.txt
-    of other text), keeps every one (read from its records, as its checkpoint records the flags), its files
-    the first folder's; naming --max_lr then changes it, in one NOTE."""
+    """A resume runs the settings the run saved: a fine-tune started with its data, a tiny shape, --max_lr,
+    --B, --compile=False, --hellaswag_data and --tracker, extended with --max_steps alone from another folder
+    (no edu_fineweb10B/ there, and a play.txt of other text), keeps every one (read from its records and its
+    checkpoint), its files the first folder's; naming --max_lr then changes it, in one NOTE."""
     *_, weights = checkpoints(reference[2])
     first, other = tmp_path / "first", tmp_path / "other"
     for folder in (first, other):
@@ -840,7 +831,7 @@ def test_extending_a_fine_tune_keeps_what_its_command_named(tmp_path, monkeypatc
     starts = [r for r in records(log) if r.get("event") == "start"]
     assert len(starts) == 2 and {k: starts[0]["config"][k] for k in ran} == ran
     assert {k: starts[1]["config"][k] for k in ran} == ran and starts[1]["config"]["max_steps"] == 4
-    assert starts[1]["flags"] == final_weights(log)["flags"] == {**ran, "max_steps": 4}
+    assert {k: final_weights(log)["config"][k] for k in ran} == ran
     assert os.listdir(os.path.join(log, "tensorboard"))  # the tracker ran in both
     assert "NOTE: changed since the checkpoint: max_steps 2 -> 4 (this command)\n" in said
     assert sum(line.startswith("NOTE: changed since") for line in said.splitlines()) == 1
@@ -942,51 +933,6 @@ def test_a_resume_refuses_before_it_fits_and_knows_a_relative_origin(tmp_path, m
     capsys.readouterr()
     assert train_gpt2.main(args[:-2] + ["--max_steps=2", "--log_dir=ft"]) == 0
     assert "resuming from ft/model_000001.pt" in capsys.readouterr().out and max(losses("ft")) == 2
-
-
-def test_a_resume_replays_the_runs_flags(tmp_path, text):
-    """The flags a run's newest checkpoint records come first, this command's after them (which win); the
-    presets are expanded afresh from both: --recipe=modern --max_lr=1e-2 --embed_lr=0.01 extended with
-    --recipe=modern --max_steps=3 keeps both learning rates (the preset fills only what no flag named), and
-    --size=350M --max_lr=1e-3 keeps 1e-3. A checkpoint written before flags were recorded: this command's
-    alone, and a NOTE that says to repeat the first command's; a recorded setting this code lacks: one line."""
-    from conftest import save_model
-    from gptlib.runtime import Runtime
-    from model import GPT, GPTConfig
-    model = GPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16))
-
-    def resolve(flags, given):
-        log = tmp_path / str(len(list(tmp_path.iterdir())))
-        log.mkdir()
-        path = save_model(model, log / "model_000002.pt", step=2)
-        if flags is not None:  # what save() records beside the weights
-            ckpt = torch.load(path, weights_only=True)
-            checkpoint.save_checkpoint({**{k: v for k, v in ckpt.items() if k != "checksum"}, "flags": flags},
-                                       path)
-        given = {**given, "log_dir": str(log)}
-        recorded = settings.run_flags(train_gpt2.Settings, given)
-        s, chosen, _ = settings.combine(train_gpt2.Settings, recorded, given, Runtime())
-        return s, recorded.notes
-    s, notes = resolve({"recipe": "modern", "max_lr": 1e-2, "embed_lr": 0.01, "data_root": text},
-                       {"recipe": "modern", "max_steps": 3})
-    assert (s.max_lr, s.embed_lr, s.head_lr, s.optimizer, s.max_steps) == (1e-2, 0.01, 0.004, "muon", 3)
-    assert notes == []
-    s, _ = resolve({"size": "350M", "max_lr": 1e-3, "data_root": text}, {"size": "350M"})
-    assert (s.n_embd, s.max_lr) == (1024, 1e-3)
-    s, notes = resolve(None, {"max_steps": 3, "data_root": text})
-    assert s.max_lr == 6e-3 and notes == [f"{tmp_path / '2' / 'model_000002.pt'} predates recorded command "
-                                          "lines: this resume runs with this command's flags alone, so repeat "
-                                          "every --NAME=VALUE the run's first command named"]
-    s, _ = resolve({"max_lr": 1e-2, "data_root": text}, {"init_from": "scratch"})  # a new run: refused later
-    assert s.max_lr == 6e-3
-    assert settings.run_flags(train_gpt2.Settings, {"eval_only": True, "log_dir": str(tmp_path / "0")}) == (
-        {}, {}, [])
-    s, _ = resolve({"weight_decay": 0, "data_root": text}, {})  # an int where the block has a float will do
-    assert s.weight_decay == 0
-    for flags in ({"chunked_loss": True}, {"max_lr": "high"}):
-        with pytest.raises(UserError, match=rf"model_000002.pt was started with --{next(iter(flags))}=.*, which "
-                                            r"this train_gpt2.py does not take"):
-            resolve(flags, {})
 
 
 def test_rank_without_local_rank(monkeypatch):
