@@ -866,28 +866,26 @@ def edited_script(folder, **edits):
 
 @pytest.mark.slow
 def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys):
-    """A copy of train_gpt2.py with n_layer, max_steps and eval_interval edited in its settings block runs
-    with those on a CPU without shards: both fallbacks keep them, and their NOTE says so. On a GPU (faked)
-    the no-shards fallback alone keeps them too. The block edited again (n_layer) before a resume is
-    refused, naming the setting and where the new value came from."""
+    """A copy of train_gpt2.py with seed, min_lr_ratio and n_layer edited in its settings block, on a CPU
+    without shards: the block's seed and min_lr_ratio run; the laptop's preset, which comes after the block,
+    sets n_layer (its one NOTE names it); the command line comes last. Resumed from another folder (one with
+    an edu_fineweb10B/ of its own), and under torchrun from one without: the run's saved settings. The block
+    edited again before a resume: a line a resume may change is applied and said, the model's is refused."""
+    from gptlib.checkpoint import read_newest
     from gptlib.runtime import Runtime
     monkeypatch.chdir(tmp_path)  # no edu_fineweb10B/ here
     (tmp_path / "a").mkdir()
-    edited = edited_script(tmp_path / "a", n_layer=1, max_steps=2, eval_interval=1)
+    edited = edited_script(tmp_path / "a", n_layer=1, seed=7, min_lr_ratio=0.2)
     log = str(tmp_path / "log")
-    assert edited.main([f"--log_dir={log}"]) == 0
+    assert edited.main([f"--log_dir={log}", "--max_steps=2", "--eval_interval=1"]) == 0
     start = records(log)[0]
-    assert {k: start["config"][k] for k in ("n_layer", "max_steps", "eval_interval")} == {
-        "n_layer": 1, "max_steps": 2, "eval_interval": 1}
-    assert start["config"]["n_embd"] == 64 and start["config"]["data_root"] == settings.SHAKESPEARE  # filled in
-    kept = start["fallbacks"][2].split("; kept from the settings block: ")[1]
-    assert sorted(kept.split(", ")) == ["eval_interval=1", "max_steps=2", "n_layer=1"]
+    assert {k: start["config"][k] for k in ("seed", "min_lr_ratio", "n_layer", "max_steps", "n_embd")} == {
+        "seed": 7, "min_lr_ratio": 0.2, "n_layer": 4, "max_steps": 2, "n_embd": 64}
+    assert start["source"]["n_layer"] == "the preset the laptop's" and "seed" not in start["source"]
+    assert "n_layer=4" in start["notes"][0] and start["config"]["data_root"] == settings.SHAKESPEARE
     assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
-    s, _, notes = settings.combine(edited.Settings, settings.Recorded(), {"compile": False}, Runtime(kind="cuda"))
-    assert (s.n_layer, s.max_steps, s.eval_interval, s.T) == (1, 2, 1, 256)  # input.txt's T: not edited
-    assert notes[-1].endswith("; kept from the settings block: max_steps=2, eval_interval=1")
     # resumed from another folder (one with an edu_fineweb10B/ of its own), and under torchrun from one
-    # without: the run's files as its first start resolved them (the fallback's input.txt), with its settings
+    # without: the run's own settings, its input.txt among them
     (tmp_path / "elsewhere" / "edu_fineweb10B").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert edited.main([f"--log_dir={log}", "--max_steps=3"]) == 0
@@ -895,15 +893,20 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
     assert {k: resumed[k] for k in start["config"] if k != "max_steps"} == {
         k: v for k, v in start["config"].items() if k != "max_steps"}
     monkeypatch.chdir(tmp_path)
-    given = {"log_dir": log, "max_steps": 4}
-    s, _, _ = settings.combine(edited.Settings, settings.run_flags(edited.Settings, given), given,
-                               Runtime(distributed=True, world_size=2))
-    assert (s.data_root, s.total_batch_size, s.T, s.n_embd) == tuple(start["config"][k] for k in (
-        "data_root", "total_batch_size", "T", "n_embd"))
+    meta = read_newest(log, Runtime()).meta
+    cfg, _, _ = settings.continued(edited.CONFIG, meta, {"max_steps": 4}, log)
+    settings.validate(cfg, Runtime(distributed=True, world_size=2))  # no "no shards" refusal
+    assert {k: cfg[k] for k in ("data_root", "total_batch_size", "T", "n_embd")} == {
+        k: start["config"][k] for k in ("data_root", "total_batch_size", "T", "n_embd")}
     (tmp_path / "b").mkdir()
-    again = edited_script(tmp_path / "b", n_layer=2, max_steps=3, eval_interval=1)
-    with pytest.raises(UserError, match=r"^the run in .*log has n_layer=1 \(now 2, the settings block\), "
-                                        r"which a resume cannot change: restore it \(--n_layer=1\)"):
+    again = edited_script(tmp_path / "b", n_layer=1, seed=7, min_lr_ratio=0.3)
+    assert again.main([f"--log_dir={log}", "--max_steps=4"]) == 0
+    assert "changed since the checkpoint: min_lr_ratio 0.2 -> 0.3 (the settings block), max_steps 3 -> 4 (this " \
+           "command)" in capsys.readouterr().out
+    (tmp_path / "c").mkdir()
+    again = edited_script(tmp_path / "c", n_layer=2, seed=7, min_lr_ratio=0.3)
+    with pytest.raises(UserError, match=r"^the run in .*log has n_layer=4 \(now 2, the settings block\), "
+                                        r"which a resume cannot change: restore it \(--n_layer=4\)"):
         again.main([f"--log_dir={log}"])
 
 
