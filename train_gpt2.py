@@ -227,14 +227,10 @@ def start_run(s, rt, resume, origin):
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
               RunLog(metrics_path(s.log_dir), rt), clock, origin)
-    if resume is not None:
-        run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
-        run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
-        run.log.drop_after(run.step)
+    if resume is not None:  # its weights, optimizer, loader position; its log after the checkpoint dropped
+        run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    if rt.master:
-        for name in remove_stale_writes(s.log_dir):
-            print0(f"NOTE: removed {name}, a checkpoint an earlier attempt did not finish writing")
+    remove_stale_writes(s.log_dir, rt)
     if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
         run.log.set_aside()
     log_start(run)
@@ -347,11 +343,9 @@ def log_start(run):
 # the training step (bench.py times this same step)
 
 def train_step(batches, models, optimizers, scaler, rt, grad_clip):
-    """One optimizer step over batches, a list of micro-batches (x, y): forward and backward on each (the
-    gradients cross ranks on the last), the loss averaged over the ranks, the gradients unscaled (fp16) and
-    clipped, the weights updated. Returns (loss, gradient norm, update) with update "applied", "skipped"
-    (fp16: the gradients overflowed under the loss scale, which the scaler lowers) or "diverged" (a
-    non-finite loss or norm: no update at all). One CPU-GPU sync point."""
+    """One optimizer step over micro-batches [(x, y)] (the gradients cross ranks on the last): (loss averaged
+    over the ranks, gradient norm, update), update "applied", "skipped" (fp16 gradients overflowed: the
+    scaler lowers its scale) or "diverged" (a non-finite loss or norm: no update). One CPU-GPU sync point."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     loss_accum = torch.zeros((), device=rt.device)

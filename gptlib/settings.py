@@ -90,10 +90,9 @@ def model_shape(s):
 # the whole decision, in order
 
 def resolve(Settings, given, rt):
-    """(settings, resume, origin) of this command's flags (given) on this runtime: resume is the run in
-    log_dir to continue (checkpoint.Resume) or None; origin, for the log and the checkpoints: the notes, where
-    each setting came from ({name: where}, the block's left out) and the block this command ran with. Every
-    note is printed as it is decided."""
+    """(settings, resume, origin) of this command's flags (given) on this runtime: resume, the run in log_dir
+    to continue (checkpoint.Resume) or None; origin, for the log and checkpoints: the NOTEs (each printed),
+    where each setting came from ({name: where}, the block's left out) and the block that ran."""
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
     found = checkpoints(log_dir)
@@ -113,12 +112,7 @@ def resolve(Settings, given, rt):
         weights_shape(cfg, source, given, model_fields(block))
     notes += fit(cfg, source, given, rt)
     s = Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype})
-    if resume is not None:
-        notes += changes(resume, s, source, rt)
-        step, every = resume.step, s.eval_interval
-        resume.finished = step >= s.max_steps
-        # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
-        resume.unevaluated = (step % every == 0 or resume.finished) and not resume.meta["evaluated"]
+    notes += [] if resume is None else changes(resume, s, source, rt)
     for note in notes:
         print0(f"NOTE: {note}")
     if resume is not None and resume.finished and not resume.unevaluated:
@@ -209,7 +203,12 @@ def continued(block, meta, given, log_dir):
 
 
 def changes(resume, s, source, rt):
-    """The NOTEs of what this start changes in the run it resumes, each with where the change came from."""
+    """The NOTEs of what this start changes in the run it resumes, each with where the change came from;
+    whether the run is finished and whether its checkpoint's evaluation is missing (resume, in place)."""
+    resume.finished = resume.step >= s.max_steps
+    # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
+    at_eval = resume.step % s.eval_interval == 0 or resume.finished
+    resume.unevaluated = at_eval and not resume.meta["evaluated"]
     saved, now = resume.meta["config"], dataclasses.asdict(s)
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source.get(k, 'this machine')})" for k, v in now.items()
                if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
