@@ -109,6 +109,14 @@ def nbytes(obj):
     return 0
 
 
+def room_note(log_dir, n_params):
+    """A NOTE when the disk of log_dir (made by then: one that cannot be was refused) holds less than two
+    checkpoints (weights and AdamW's two moments, fp32): one that does not fit stops the run."""
+    need, free = 12 * n_params, free_space(log_dir)
+    return [] if free >= 2 * need else [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints "
+                                        f"of about {size(need)}: make room, or choose another --log_dir"]
+
+
 def size(n):
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
