@@ -127,6 +127,36 @@ def split_rows(data_root, split, T):
     return sum((len(tokens) - 1) // T for _, tokens in DataLoaderLite.open_split(data_root, split))
 
 
+def open_shards(data_root, split):
+    """[(name, tokens)] of a folder's shards of the split, memory-mapped; one line for a folder of another
+    kind."""
+    if not os.path.isdir(data_root):
+        raise UserError(missing_data_root(data_root))
+    found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
+             + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
+    if found[".bin"] and found[".npy"]:
+        names = [os.path.basename(found[ext][0]) for ext in (".bin", ".npy")]
+        raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
+                        "per folder; move one kind elsewhere")
+    ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
+    sources = sorted({re.sub(r"_(train|val)_\d+\.(bin|npy)$", "", os.path.basename(p))
+                      for p in found[ext]})
+    if len(sources) > 1:  # two datasets' shards would both be read, as one
+        raise UserError(f"{data_root} holds the shards of {len(sources)} sources "
+                        f"({', '.join(sources)}_*): one dataset per folder; move the others elsewhere")
+    paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
+    if paths:
+        return [(p, load_shard(p)) for p in paths]
+    documents = [p for p in glob.glob(os.path.join(data_root, "**", "*"), recursive=True)
+                 if p.endswith(DOCUMENT_FILES)]
+    if documents:  # a folder of the user's own files: tokenized once by fineweb.py, not every run
+        shards = os.path.normpath(data_root) + "_shards"
+        raise UserError(f"{data_root} holds documents ({os.path.basename(documents[0])}, ...), not "
+                        f"token shards: tokenize them once with `python fineweb.py --input {data_root} "
+                        f"--out_dir {shards}`, then pass --data_root={shards}")
+    raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: {make_shards(data_root)}")
+
+
 class DataLoaderLite:
     """Batches of (x, y) int64 (B, T), y = x shifted by one token, for one rank of num_processes.
 
@@ -187,39 +217,15 @@ class DataLoaderLite:
     @staticmethod
     def open_split(data_root, split):
         """[(name, tokens)] of the split's shards (or of a data_root file's split), memory-mapped."""
-        if os.path.isfile(data_root):
-            if not data_root.endswith(DOCUMENT_FILES):
-                raise UserError(f"data_root {data_root}: a file data_root holds documents "
-                                f"({', '.join(DOCUMENT_FILES)}: input.txt, say); for shards give their "
-                                "folder, and name a plain-text file .txt")
-            tokens = tokenize_file(data_root)
-            cut = split_point(len(tokens))
-            return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
-        if not os.path.isdir(data_root):
-            raise UserError(missing_data_root(data_root))
-        found = {ext: glob.glob(os.path.join(data_root, f"*_train_*{ext}"))
-                 + glob.glob(os.path.join(data_root, f"*_val_*{ext}")) for ext in (".bin", ".npy")}
-        if found[".bin"] and found[".npy"]:
-            names = [os.path.basename(found[ext][0]) for ext in (".bin", ".npy")]
-            raise UserError(f"{data_root} holds both .bin and .npy shards ({', '.join(names)}): one dataset "
-                            "per folder; move one kind elsewhere")
-        ext = ".npy" if found[".npy"] else ".bin"  # build-nanogpt's shards, or ours (and llm.c's)
-        sources = sorted({re.sub(r"_(train|val)_\d+\.(bin|npy)$", "", os.path.basename(p))
-                          for p in found[ext]})
-        if len(sources) > 1:  # two datasets' shards would both be read, as one
-            raise UserError(f"{data_root} holds the shards of {len(sources)} sources "
-                            f"({', '.join(sources)}_*): one dataset per folder; move the others elsewhere")
-        paths = sorted(glob.glob(os.path.join(data_root, f"*_{split}_*{ext}")))
-        if paths:
-            return [(p, load_shard(p)) for p in paths]
-        documents = [p for p in glob.glob(os.path.join(data_root, "**", "*"), recursive=True)
-                     if p.endswith(DOCUMENT_FILES)]
-        if documents:  # a folder of the user's own files: tokenized once by fineweb.py, not every run
-            shards = os.path.normpath(data_root) + "_shards"
-            raise UserError(f"{data_root} holds documents ({os.path.basename(documents[0])}, ...), not "
-                            f"token shards: tokenize them once with `python fineweb.py --input {data_root} "
-                            f"--out_dir {shards}`, then pass --data_root={shards}")
-        raise UserError(f"no {split} shards (*_{split}_*.bin) in {data_root}: {make_shards(data_root)}")
+        if not os.path.isfile(data_root):
+            return open_shards(data_root, split)
+        if not data_root.endswith(DOCUMENT_FILES):
+            raise UserError(f"data_root {data_root}: a file data_root holds documents "
+                            f"({', '.join(DOCUMENT_FILES)}: input.txt, say); for shards give their "
+                            "folder, and name a plain-text file .txt")
+        tokens = tokenize_file(data_root)
+        cut = split_point(len(tokens))
+        return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
 
     # -------------------------------------------------------------------------------------------- position
 

@@ -95,22 +95,25 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, n_kv, block_size, hs): the whole cache
         # flash attention on GPU; enable_gqa: each K/V head serves n_head / n_kv_head query heads
-        if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                               enable_gqa=self.n_kv_head != self.n_head)  # (B, nh, T, hs)
-        else:  # the textbook way: the whole (T, S) score matrix is written to and read back from memory
-            if self.n_kv_head != self.n_head:
-                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, S, hs)
-                v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
-            S = k.size(2)
-            if causal:
-                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-            if mask is not None:
-                att = att.masked_fill(~mask, float("-inf"))
-            y = F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
+        attention = F.scaled_dot_product_attention if self.flash else textbook_attention
+        y = attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_head != self.n_head)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.c_proj(y)
+
+
+def textbook_attention(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+    """SDPA the textbook way (flash=False, bench.py's baseline): the whole (T, S) score matrix is written to and
+    read back from memory. q (B, nh, T, hs), k and v (B, n_kv, S, hs) -> (B, nh, T, hs)."""
+    if enable_gqa:
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, nh, S, hs)
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, S)
+    T, S = q.size(2), k.size(2)
+    if is_causal:
+        attn_mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+    if attn_mask is not None:
+        att = att.masked_fill(~attn_mask, float("-inf"))
+    return F.softmax(att, dim=-1) @ v  # (B, nh, T, hs)
 
 
 def rotate(x, cos, sin):
@@ -302,15 +305,10 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx, targets=None, reduction="mean", cache=None, packing=None):
-        """idx (B, T) token ids -> (logits (B, T, vocab_size), None), or given targets (B, T) (None, the mean
-        cross-entropy; targets of -1 are ignored), or with reduction="none" (None, each token's, (B*T,)).
-        Given targets no logits are kept: under torch.compile a returned (B*T, vocab_size) tensor would live
-        through backward. A CPU training step takes ChunkedHeadLoss (see head).
-        cache (engine.KVCache): idx holds the tokens at positions cache.pos (T,); their keys and values are
-        written there, each token attends to the cached positions up to its own, and the logits are those
-        of each row's last token, (B, vocab_size).
-        packing (Packing): several sequences in each row, each token's position and what it attends to, and
-        the positions the head scores (hellaswag.py)."""
+        """idx (B, T) token ids -> (logits (B, T, vocab_size), None); given targets (B, T), (None, the mean
+        cross-entropy, -1 ignored), or with reduction="none" (None, each token's (B*T,)): no logits kept (under
+        torch.compile they would live through backward). cache (engine.KVCache): idx is at positions cache.pos
+        (T,), and the logits are each row's last token's, (B, vocab_size). packing: Packing's docstring."""
         B, T = idx.size()
         pos, attn_mask, select = packing or Packing()
         if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions

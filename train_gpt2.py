@@ -31,7 +31,7 @@ import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
 from gptlib.accounting import mfu, peak_flops
-from gptlib.checkpoint import load_model, remove_stale_writes, save_run
+from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
@@ -78,6 +78,7 @@ head_lr = 0.0  # the same for an untied lm_head
 grad_clip = 1.0  # global gradient-norm clipping
 shuffle = False  # shuffle shard and window order (seeded, the same on every rank, new each epoch)
 eval_interval = 250  # steps between validation loss, HellaSwag and samples (and always after the last step)
+log_interval = 10  # steps between console lines (and the first and last); metrics.jsonl holds every step
 val_tokens = 20 * 524288  # validation tokens per eval: the split's first, whatever B or the number of GPUs
 eval_B = 0  # micro-batch of evaluation (validation rows, HellaSwag's ~B*T tokens a forward); 0: B
 hellaswag = 10042  # HellaSwag examples per eval (the validation split has 10,042; 0 = skip)
@@ -145,19 +146,18 @@ def main(argv=None):
             tok_s = s.total_batch_size / dt
             util = peak and mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)  # a known GPU's
             mem = runtime.peak_memory(rt.device)  # this rank's; None off CUDA
-            elapsed, eta = run.clock.elapsed(), run.clock.eta(step, s.max_steps)
-            print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
-                   f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
-                   + ("" if util is None else f" | MFU {util:.1%}")  # no peak known (CPU, an unlisted GPU)
-                   + ("" if mem is None else f" | peak memory {mem / 2**30:.2f} GiB")
-                   + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
-                   + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if update == "skipped"
-                      else ""))
+            elapsed, eta, last = run.clock.elapsed(), run.clock.eta(step, s.max_steps), step == s.max_steps
+            if step % s.log_interval == 0 or step == 1 or last:
+                print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
+                       f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s" + ("" if util is None else f" | MFU {util:.1%}")
+                       + ("" if mem is None else f" | peak memory {mem / 2**30:.2f} GiB")
+                       + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
+                       + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if update == "skipped"
+                          else ""))
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": update == "skipped"} if scale else {}
             stop = runtime.agree(stop_signal[0], run.log.append([record]), rt)  # every rank at the same step
-            last = step == s.max_steps
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
                 run.doing = f"writing step {step}'s checkpoint"
@@ -227,16 +227,15 @@ def start_run(s, rt, resume, origin):
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
               RunLog(metrics_path(s.log_dir), rt), clock, origin)
-    if resume is not None:
-        run.step = resume.restore(model, optimizers, scaler, train_loader, rt)
-        run.last_checkpoint = f"{os.path.basename(resume.path)} (step {run.step})"
-        run.log.drop_after(run.step)
+    if resume is not None:  # its weights, optimizer, loader position; its log after the checkpoint dropped
+        run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    if rt.master:
-        for name in remove_stale_writes(s.log_dir):
-            print0(f"NOTE: removed {name}, a checkpoint an earlier attempt did not finish writing")
-    if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
-        run.log.set_aside()
+    remove_stale_writes(s.log_dir, rt)
+    if resume is None and not s.eval_only and os.path.exists(run.log.path):  # an attempt with no checkpoint
+        run.log.set_aside()  # is not resumed: its log is kept aside
+    for note in [] if s.eval_only else room_note(s.log_dir, model.num_params()):
+        print0(f"NOTE: {note}")
+        origin["notes"].append(note)
     log_start(run)
     models.train_model.train()
     return run
@@ -327,11 +326,7 @@ def log_start(run):
         for name, tokens in loader.skipped:  # a corpus's short last shard
             print0(f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "
                    f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on")
-        mem = "" if rt.memory is None else (  # a GPU's, which settings.fit fits B to
-            f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB" + (
-                f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-                + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
-                + ")" if s.fsdp else ""))
+        mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
         print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {plural(rt.world_size, 'process')} x "
                f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}")
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
@@ -347,11 +342,9 @@ def log_start(run):
 # the training step (bench.py times this same step)
 
 def train_step(batches, models, optimizers, scaler, rt, grad_clip):
-    """One optimizer step over batches, a list of micro-batches (x, y): forward and backward on each (the
-    gradients cross ranks on the last), the loss averaged over the ranks, the gradients unscaled (fp16) and
-    clipped, the weights updated. Returns (loss, gradient norm, update) with update "applied", "skipped"
-    (fp16: the gradients overflowed under the loss scale, which the scaler lowers) or "diverged" (a
-    non-finite loss or norm: no update at all). One CPU-GPU sync point."""
+    """One optimizer step over micro-batches [(x, y)] (the gradients cross ranks on the last): (loss averaged
+    over the ranks, gradient norm, update), update "applied", "skipped" (fp16 gradients overflowed: the
+    scaler lowers its scale) or "diverged" (a non-finite loss or norm: no update). One CPU-GPU sync point."""
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     loss_accum = torch.zeros((), device=rt.device)
@@ -405,6 +398,15 @@ def save(run):
 
 # ------------------------------------------------------------------------------------------------------------
 # stopping: the failures that name their fix (what every rank agrees on after a step: runtime.agree)
+
+def memory_line(run):
+    """The batch line's end on a GPU: the training memory a process is estimated to need, and FSDP's shards."""
+    s, rt = run.s, run.rt
+    sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+               + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+               + ")") if s.fsdp else ""
+    return f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB{sharded}"
+
 
 def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""

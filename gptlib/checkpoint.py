@@ -66,13 +66,12 @@ def checkpoints(log_dir):
     return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
 
-def remove_stale_writes(log_dir):
+def remove_stale_writes(log_dir, rt):
     """Rank 0, holding log_dir's lock: a checkpoint write that a second signal or Slurm's SIGKILL cut short
-    left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Returns what was removed."""
-    stale = sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp")))
-    for path in stale:
+    left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Each removal is said."""
+    for path in sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp"))) if rt.master else []:
         os.remove(path)
-    return [os.path.basename(p) for p in stale]
+        print0(f"NOTE: removed {os.path.basename(path)}, a checkpoint an earlier attempt did not finish writing")
 
 
 def save_checkpoint(state, path):
@@ -108,6 +107,14 @@ def nbytes(obj):
     if isinstance(obj, (list, tuple)):
         return sum(nbytes(v) for v in obj)
     return 0
+
+
+def room_note(log_dir, n_params):
+    """A NOTE when the disk of log_dir (made by then: one that cannot be was refused) holds less than two
+    checkpoints (weights and AdamW's two moments, fp32): one that does not fit stops the run."""
+    need, free = 12 * n_params, free_space(log_dir)
+    return [] if free >= 2 * need else [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints "
+                                        f"of about {size(need)}: make room, or choose another --log_dir"]
 
 
 def size(n):
@@ -311,8 +318,9 @@ class Resume:
         self.meta, self.ckpt, self.finished, self.unevaluated = meta, ckpt, False, False
         self.step, self.path = meta["step"], meta["path"]
 
-    def restore(self, model, optimizers, scaler, loader, rt):
-        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position."""
+    def restore(self, model, optimizers, scaler, loader, log, rt):
+        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position; the
+        log's records after its step dropped. Returns (its step, its name for messages)."""
         first = ", evaluating that step first: its evaluation is not in the log" if self.unevaluated else ""
         print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts a fresh experiment){first}")
         roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
@@ -332,7 +340,8 @@ class Resume:
             torch.cuda.set_rng_state(self.meta["rng"]["cuda"])
         loader.load_state_dict(self.meta["dataloader"])  # a UserError if the shards changed since
         self.ckpt = None  # its tensors are copied into the model and optimizer
-        return self.step
+        log.drop_after(self.step)
+        return self.step, f"{os.path.basename(self.path)} (step {self.step})"
 
 
 def read_newest(log_dir, rt):

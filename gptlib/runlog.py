@@ -29,12 +29,9 @@ def nearest_existing(path):
 
 
 def hold_log_dir(log_dir, rt, create=False):
-    """Rank 0 locks log_dir for this run: a second run into it would resume from the first's live checkpoint
-    and both would write one log; it is refused in one line naming the first. Called before the resume (if
-    log_dir exists; if not, its parent must be writable) and again when the run creates log_dir
-    (create=True), so a refused run leaves no empty log_dir behind and two runs starting together into a new
-    one still meet. A log_dir that cannot be written is one line, before any model is built. Every rank must
-    call it."""
+    """Every rank: rank 0 locks log_dir for this run (a second run into it is refused in one line naming the
+    first), before the resume and again when the run creates it (create=True): a refused run leaves no empty
+    log_dir behind. A log_dir that cannot be written is one line, before any model is built."""
     stop_everywhere(lock(log_dir, create) if rt.master and log_dir not in HELD else None, rt)
 
 
@@ -43,32 +40,34 @@ def lock(log_dir, create):
     fix = "make it writable or choose another --log_dir"
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         return f"--log_dir={log_dir} is a file, not a directory: choose another --log_dir"
-    if not create and not os.path.isdir(log_dir):
+    if not create and not os.path.isdir(log_dir):  # made later (create=True): its parent must take it
         parent = nearest_existing(os.path.dirname(os.path.abspath(log_dir)))
-        if os.access(parent, os.W_OK):
-            return None
-        return (f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no "
-                f"permission): {fix}")
+        return None if os.access(parent, os.W_OK) else (
+            f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no permission): {fix}")
     from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
-    owner = os.path.join(log_dir, ".owner")
     try:
         os.makedirs(log_dir, exist_ok=True)
         held = FileLock(os.path.join(log_dir, ".lock"))
         held.acquire(timeout=0)
-        with open(owner, "w") as f:
+        with open(os.path.join(log_dir, ".owner"), "w") as f:
             f.write(f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}")
     except Timeout:
-        try:
-            with open(owner) as f:
-                other = f.read().strip()
-        except OSError:
-            other = ""
-        return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or "
-                "stop it, or choose another --log_dir")
+        return in_use(log_dir)
     except OSError as e:  # a read-only mount, no permission, a full disk
         return f"--log_dir={log_dir} cannot be written ({e.strerror}): {fix}"
     HELD[log_dir] = held
     return None
+
+
+def in_use(log_dir):
+    """The line of a log_dir another run holds, naming that run (its .owner)."""
+    try:
+        with open(os.path.join(log_dir, ".owner")) as f:
+            other = f.read().strip()
+    except OSError:
+        other = ""
+    return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or stop it, "
+            "or choose another --log_dir")
 
 
 # ------------------------------------------------------------------------------------------ metrics.jsonl

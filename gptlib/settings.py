@@ -21,11 +21,11 @@ import torch
 
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
-from gptlib.checkpoint import checkpoints, free_space, model_config, read_newest, size
+from gptlib.checkpoint import checkpoints, model_config, read_newest
 from gptlib.errors import UserError, check_range, valid_range
 from gptlib.optimizers import get_lr
 from gptlib.runtime import print0
-from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
+from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2 (the block ships GPT-2's own), each
 # overridable (--rotary=False); nanochat's head learning rate (its embedding's 0.2 is for embeddings of std 1)
@@ -46,7 +46,7 @@ LAPTOP = dict(  # without a CUDA GPU (a CPU, an Apple GPU): the modern recipe, 4
     # validated once, at the end, on the whole of input.txt's validation split (256 rows of 128)
     recipe="modern", total_batch_size=2048, B=16, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64,
     warmup_steps=20, max_steps=150, eval_interval=150, val_tokens=32768, hellaswag=0, checkpoint_interval=150,
-    compile=False)
+    compile=False, log_interval=1)
 CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate of each recipe
 # What a resume cannot change, with the model's fields (model_fields): the presets that chose them, the weights
 # it started from, the optimizer, and the data stream (B and the number of processes may change: the loader
@@ -56,8 +56,9 @@ TRAINING = ("grad_checkpoint",)  # GPTConfig fields of how the model trains, not
 PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # settings naming files, from the cwd
 # the valid values of the numeric settings where a bad one is plausible, as check_range's (low, high, above)
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
-                                          "n_kv_head", "n_embd", "max_steps", "eval_interval", "val_tokens",
-                                          "checkpoint_interval", "keep_checkpoints", "collective_timeout")},
+                                          "n_kv_head", "n_embd", "max_steps", "eval_interval", "log_interval",
+                                          "val_tokens", "checkpoint_interval", "keep_checkpoints",
+                                          "collective_timeout")},
           **{k: (0, None, None) for k in ("warmup_steps", "hellaswag", "embed_lr", "head_lr", "weight_decay",
                                           "seed", "eval_B", "core")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
@@ -90,10 +91,9 @@ def model_shape(s):
 # the whole decision, in order
 
 def resolve(Settings, given, rt):
-    """(settings, resume, origin) of this command's flags (given) on this runtime: resume is the run in
-    log_dir to continue (checkpoint.Resume) or None; origin, for the log and the checkpoints: the notes, where
-    each setting came from ({name: where}, the block's left out) and the block this command ran with. Every
-    note is printed as it is decided."""
+    """(settings, resume, origin) of this command's flags (given) on this runtime: resume, the run in log_dir
+    to continue (checkpoint.Resume) or None; origin, for the log and checkpoints: the NOTEs (each printed),
+    where each setting came from ({name: where}, the block's left out) and the block that ran."""
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
     found = checkpoints(log_dir)
@@ -113,12 +113,7 @@ def resolve(Settings, given, rt):
         weights_shape(cfg, source, given, model_fields(block))
     notes += fit(cfg, source, given, rt)
     s = Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype})
-    if resume is not None:
-        notes += changes(resume, s, source, rt)
-        step, every = resume.step, s.eval_interval
-        resume.finished = step >= s.max_steps
-        # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
-        resume.unevaluated = (step % every == 0 or resume.finished) and not resume.meta["evaluated"]
+    notes += [] if resume is None else changes(resume, s, source, rt)
     for note in notes:
         print0(f"NOTE: {note}")
     if resume is not None and resume.finished and not resume.unevaluated:
@@ -209,7 +204,12 @@ def continued(block, meta, given, log_dir):
 
 
 def changes(resume, s, source, rt):
-    """The NOTEs of what this start changes in the run it resumes, each with where the change came from."""
+    """The NOTEs of what this start changes in the run it resumes, each with where the change came from;
+    whether the run is finished and whether its checkpoint's evaluation is missing (resume, in place)."""
+    resume.finished = resume.step >= s.max_steps
+    # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
+    at_eval = resume.step % s.eval_interval == 0 or resume.finished
+    resume.unevaluated = at_eval and not resume.meta["evaluated"]
     saved, now = resume.meta["config"], dataclasses.asdict(s)
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source.get(k, 'this machine')})" for k, v in now.items()
                if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
@@ -237,20 +237,11 @@ def validate(cfg, rt):
     if set(filter(None, cfg["tracker"].split(","))) - {"tensorboard", "wandb"}:
         raise UserError(f"--tracker={cfg['tracker']!r}: use tensorboard or wandb, both as tensorboard,wandb, or "
                         "\"\" for none")
-    if cfg["fsdp"] and runtime.torch_older_than(runtime.MIN_TORCH):  # FSDP2 changed most before 2.9
-        raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
-                        f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
-                        f"upgrade torch or drop --fsdp (DDP)")
-    if cfg["optimizer"] == "muon" and cfg["fsdp"]:
-        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
-                        "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
-                        "--optimizer=adamw (--recipe=modern's, and so a run's without a CUDA GPU, is muon)")
+    if cfg["fsdp"]:
+        validate_fsdp(cfg, rt)
     if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
         raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
                         "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
-    if cfg["fsdp"] and not rt.distributed:
-        raise UserError("--fsdp=True shards the model over the processes torchrun starts: run it as "
-                        "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
     if not os.path.exists(cfg["data_root"]):
         raise UserError(missing_data_root(cfg["data_root"]))
     for key, bounds in RANGES.items():
@@ -264,28 +255,32 @@ def validate(cfg, rt):
                         f"{max(1, round(cfg['total_batch_size'] / row)) * row:,}, or change T")
 
 
+def validate_fsdp(cfg, rt):
+    """validate()'s checks of --fsdp=True."""
+    if runtime.torch_older_than(runtime.MIN_TORCH):  # FSDP2 changed most before 2.9
+        raise UserError(f"--fsdp=True needs torch >= 2.9 (on the CPU 2.6's FSDP2 fails and 2.7's and 2.8's "
+                        f"sum the ranks' gradients instead of averaging them), this is {torch.__version__}: "
+                        f"upgrade torch or drop --fsdp (DDP)")
+    if cfg["optimizer"] == "muon":
+        raise UserError("--optimizer=muon does not work with --fsdp=True: Muon orthogonalizes each whole "
+                        "weight matrix and FSDP2 gives each rank a shard of it; drop --fsdp (DDP) or use "
+                        "--optimizer=adamw (--recipe=modern's, and so a run's without a CUDA GPU, is muon)")
+    if not rt.distributed:
+        raise UserError("--fsdp=True shards the model over the processes torchrun starts: run it as "
+                        "`torchrun --nproc_per_node=N train_gpt2.py --fsdp=True`")
+
+
 def fit(cfg, source, given, rt):
     """The NOTEs of fitting cfg (in place) to this machine: B to whole micro-steps on these processes and to
     the GPU's memory (unless this command named it), val_tokens to the validation split, compile to what
     works here; and of settings that work but are likely a mistake."""
-    notes, fits = [], micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+    notes = []
     if cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
-        if "B" in given:
-            raise UserError(f"--B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} "
-                            f"into whole micro-steps of {cfg['T']} tokens x {plural(rt.world_size, 'process')}: "
-                            f"use one of {', '.join(map(str, fits[:6]))}")
-        b = next(b for b in fits if b <= cfg["B"])  # the largest B that keeps the batch whole
-        notes.append(f"B={b}: B={cfg['B']} does not divide total_batch_size={cfg['total_batch_size']:,} into "
-                     f"whole micro-steps of {cfg['T']} tokens x {plural(rt.world_size, 'process')} (set --B "
-                     "to choose)")
-        cfg["B"], source["B"] = b, f"a fit to {plural(rt.world_size, 'process')}"
-    config = model_shape(cfg)
+        notes += fit_batch(cfg, source, given, rt)
     if rt.memory is not None:  # a CUDA GPU: a B it holds, found before minutes of compiling
-        notes += fit_memory(cfg, source, given, rt, config)
-    if cfg["compile"] and (why := "torch.compile is not used on Apple GPUs (mps)" if rt.kind == "mps" else
-                           runtime.compile_blocker(rt)):
-        notes.append(f"compile=True but {runtime.eager_note(why)}")
-        cfg["compile"], source["compile"] = False, "this machine"
+        notes += fit_memory(cfg, source, given, rt, model_shape(cfg))
+    if cfg["compile"]:
+        notes += fit_compile(cfg, source, rt)
     if cfg["val_tokens"] < cfg["T"]:  # no whole row: the loss would be the mean of nothing
         raise UserError(f"--val_tokens={cfg['val_tokens']} is less than one row of T={cfg['T']} tokens: give "
                         f"at least {cfg['T']}")
@@ -297,17 +292,32 @@ def fit(cfg, source, given, rt):
         notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {plural(rows, 'row')} of "
                      f"{cfg['T']} tokens: evaluating on those, once each")
         cfg["val_tokens"], source["val_tokens"] = rows * cfg["T"], "the validation split"
-    if cfg["eval_only"]:
-        return notes
-    with torch.device("meta"):  # no memory: only the count
-        need, free = 12 * GPT(config).num_params(), free_space(cfg["log_dir"])  # weights, AdamW's moments
-    if free < 2 * need:
-        notes.append(f"{size(free)} free on the disk of {cfg['log_dir']}, less than two checkpoints of about "
-                     f"{size(need)}: make room, or choose another --log_dir")
-    if cfg["warmup_steps"] >= cfg["max_steps"]:
+    if cfg["warmup_steps"] >= cfg["max_steps"] and not cfg["eval_only"]:
         notes.append(f"warmup_steps={cfg['warmup_steps']} >= max_steps={cfg['max_steps']}: the learning rate "
                      f"climbs for the whole run and never reaches max_lr={cfg['max_lr']:g} (lower --warmup_steps)")
     return notes
+
+
+def fit_batch(cfg, source, given, rt):
+    """fit()'s B that does not divide total_batch_size into whole micro-steps: lowered to the largest that
+    does, unless this command named it (a UserError)."""
+    fits, where = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size), plural(rt.world_size, "process")
+    whole = f"total_batch_size={cfg['total_batch_size']:,} into whole micro-steps of {cfg['T']} tokens x {where}"
+    if "B" in given:
+        raise UserError(f"--B={cfg['B']} does not divide {whole}: use one of {', '.join(map(str, fits[:6]))}")
+    b = next(b for b in fits if b <= cfg["B"])  # the largest B that keeps the batch whole
+    note = f"B={b}: B={cfg['B']} does not divide {whole} (set --B to choose)"
+    cfg["B"], source["B"] = b, f"a fit to {where}"
+    return [note]
+
+
+def fit_compile(cfg, source, rt):
+    """fit()'s compile=True where torch.compile cannot run: eager, with the NOTE saying why."""
+    why = "torch.compile is not used on Apple GPUs (mps)" if rt.kind == "mps" else runtime.compile_blocker(rt)
+    if not why:
+        return []
+    cfg["compile"], source["compile"] = False, "this machine"
+    return [f"compile=True but {runtime.eager_note(why)}"]
 
 
 def fit_memory(cfg, source, given, rt, config):

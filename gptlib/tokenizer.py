@@ -36,27 +36,16 @@ def get_encoding(ranks_file=RANKS_FILE):
         with open(ranks_file, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise UserError(
-            f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git checkout -- "
-            f"gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the openai-whisper sdist there."
-        ) from None
+        raise UserError(f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git checkout "
+                        f"-- gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the openai-whisper sdist "
+                        f"there.") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != RANKS_SHA256:
-        raise UserError(
-            f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it is altered or "
-            f"truncated. Restore it from the repository (git checkout -- gpt2.tiktoken)."
-        )
-    ranks = {}
-    for line in data.splitlines():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-    return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=PAT_STR,
-        mergeable_ranks=ranks,
-        special_tokens={"<|endoftext|>": EOT},
-        explicit_n_vocab=N_VOCAB,
-    )
+        raise UserError(f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it is "
+                        f"altered or truncated. Restore it from the repository (git checkout -- gpt2.tiktoken).")
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines())}
+    return tiktoken.Encoding(name="gpt2", pat_str=PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=N_VOCAB)
 
 
 def encode_many(enc, texts, threads=1):
@@ -173,29 +162,37 @@ def field(row, text_field, where):
 def iter_file(path, text_field="text"):
     """The documents' texts of one file: a .txt file is one document (an empty one none), a .jsonl file one
     per line and a .parquet file one per row (their text_field)."""
-    if path.endswith(".txt"):
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
-                            "it elsewhere") from None
-        if text:
-            yield text
-    elif path.endswith(".jsonl"):
-        for where, row in iter_jsonl(path):
-            yield field(row, text_field, where)
-    elif path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # comes with datasets
-        pf = pq.ParquetFile(path)
-        if text_field not in pf.schema_arrow.names:
-            raise UserError(f"{path} has no column {text_field!r} (columns: "
-                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
-        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                yield text_of(value, path)
-    else:
+    readers = {".txt": read_txt, ".jsonl": iter_jsonl_texts, ".parquet": iter_parquet}
+    kind = next((ext for ext in readers if path.endswith(ext)), None)
+    if kind is None:
         raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files")
+    return readers[kind](path, text_field)
+
+
+def read_txt(path, text_field=None):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move it "
+                        "elsewhere") from None
+    return [text] if text else []
+
+
+def iter_jsonl_texts(path, text_field):
+    for where, row in iter_jsonl(path):
+        yield field(row, text_field, where)
+
+
+def iter_parquet(path, text_field):
+    import pyarrow.parquet as pq  # comes with datasets
+    pf = pq.ParquetFile(path)
+    if text_field not in pf.schema_arrow.names:
+        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}): "
+                        "pass --text_field")
+    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+        for value in batch.column(0).to_pylist():
+            yield text_of(value, path)
 
 
 @functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization

@@ -250,7 +250,7 @@ def test_an_optimizer_state_of_another_layout_is_one_line(tmp_path):
     match = (r"another layout \(parameter groups \[None, None\], this code's \['decay', 'no_decay', "
              r"'embedding'\]\).*--init_from=log/model_000004.pt")
     with pytest.raises(UserError, match=match):
-        Resume(meta, None).restore(model, opts, None, None, Runtime())
+        Resume(meta, None).restore(model, opts, None, None, None, Runtime())
 
 
 def test_checkpoints_sort_by_step_past_a_million(tmp_path):
