@@ -14,6 +14,7 @@ checks (a UserError naming the fix) and the fits to this machine, each a NOTE.
 import ast
 import dataclasses
 import difflib
+import glob
 import math
 import os
 
@@ -97,6 +98,9 @@ def resolve(Settings, given, rt):
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
     found = checkpoints(log_dir)
+    if not found and glob.glob(os.path.join(log_dir, "model_*.pt.damaged")):  # none verified: not a fresh start
+        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy under its "
+                        "model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
     if found and given.get("eval_only", block["eval_only"]):
         raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
@@ -149,7 +153,7 @@ def first_start(block, given, rt):
         if chosen and chosen not in table:
             raise UserError(f"--{name}={chosen!r}: use one of {', '.join(table)}"
                             + (', or "" for the shape in the settings block' if name == "size" else ""))
-        if chosen and (name in given or not weights):
+        if chosen and table[chosen] and (name in given or not weights):
             presets.append((f"--{name}={chosen}", table[chosen]))
     shaped = any(k in given for k in (*SHAPE, "size"))  # a shape named is that shape, whole
     held = (*model_fields(block), "recipe", *RECIPES["modern"]) if weights else ()
@@ -216,13 +220,12 @@ def changes(resume, s, source, rt):
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != rt.world_size:
         notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> {rt.world_size}")
-    was = dataclasses.replace(s, **{k: saved[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")
-                                    if k in saved})
-    lr_was, lr_now = (get_lr(resume.step, x.max_lr, x) for x in (was, s))
+    moved = {k: saved[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps") if saved.get(k, now[k]) != now[k]}
+    lr_was, lr_now = (get_lr(resume.step, x.max_lr, x) for x in (dataclasses.replace(s, **moved), s))
     if not math.isclose(lr_was, lr_now, rel_tol=0.01):
-        notes.append(f"the learning rate of step {resume.step + 1} is {lr_now:.2e} on the new schedule, "
-                     f"{lr_was:.2e} on the run's: " + ("it jumps up, then decays to the new end" if lr_now > lr_was
-                                                       else "it drops"))
+        notes.append(f"the learning rate of step {resume.step + 1} is {lr_now:.2e} on the new schedule, {lr_was:.2e} "
+                     f"on the run's ({', '.join(f'{k} {v} -> {now[k]}' for k, v in moved.items())}): "
+                     + ("it jumps up, then decays to the new end" if lr_now > lr_was else "it drops"))
     return notes
 
 
@@ -313,11 +316,12 @@ def fit_batch(cfg, source, given, rt):
 
 def fit_compile(cfg, source, rt):
     """fit()'s compile=True where torch.compile cannot run: eager, with the NOTE saying why."""
-    why = "torch.compile is not used on Apple GPUs (mps)" if rt.kind == "mps" else runtime.compile_blocker(rt)
+    why = "mps" if rt.kind == "mps" else runtime.compile_blocker(rt)
     if not why:
         return []
     cfg["compile"], source["compile"] = False, "this machine"
-    return [f"compile=True but {runtime.eager_note(why)}"]
+    return ["compile=True: torch.compile is not used on Apple GPUs (mps); running eager" if why == "mps" else
+            f"compile=True but {runtime.eager_note(why)}"]
 
 
 def fit_memory(cfg, source, given, rt, config):

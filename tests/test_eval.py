@@ -155,7 +155,7 @@ def test_eight_processes_train_evaluate_and_resume_on_two_as_one_process_does(tm
     assert train_gpt2.main(args + ["--max_steps=4", f"--log_dir={tmp_path / 'one'}"]) == 0
     log = tmp_path / "log"
     r = train(args + ["--max_steps=2", f"--log_dir={log}"], cwd=tmp_path, nproc=8)
-    assert "1,024 tokens = 4 x 32 x 8 processes x 1 accumulation steps" in r.stdout
+    assert "1,024 tokens = 4 x 32 x 8 processes x 1 accumulation step;" in r.stdout
     r = train(["--max_steps=4", f"--log_dir={log}"], cwd=tmp_path, nproc=2)
     assert "resuming from" in r.stdout and "4 x 32 x 2 processes x 4 accumulation steps" in r.stdout
     first, resumed = (rec["config"] for rec in records(log) if rec.get("event") == "start")

@@ -124,7 +124,7 @@ def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, caps
     said = capsys.readouterr().out
     assert f"NOTE: checkpoint {newest} is damaged: " in said and f"resuming from {older}" in said
     # moved aside, not counted among the 2 kept: rotation never deletes a good one for it
-    assert os.path.exists(newest + ".damaged") and f"moved {newest} aside" in said
+    assert os.path.exists(newest + ".damaged") and f"moved aside to {os.path.basename(newest)}.damaged" in said
     assert [os.path.basename(p) for p in checkpoints(log)] == ["model_000006.pt", "model_000008.pt"]
     assert losses(log) == ref_losses and loss_steps(log) == list(range(1, 9))
     w = final_weights(log)["model"]
@@ -135,7 +135,9 @@ def test_sigusr1_checkpoints_then_a_damaged_checkpoint_is_skipped(tmp_path, caps
     with pytest.raises(UserError, match=f"none of the 2 checkpoints in {log} verifies.*--log_dir=NEW"):
         train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=10"])
     assert capsys.readouterr().out.count("cannot be read") == 2 and max(losses(log)) == 8
-    assert len(checkpoints(log)) == 2  # none verifies: none renamed, so a rerun does not start afresh
+    assert checkpoints(log) == [] and len(glob.glob(f"{log}/model_*.pt.damaged")) == 3  # as when one verifies
+    with pytest.raises(UserError, match="holds only damaged checkpoints .*--log_dir=NEW$"):  # not a fresh start
+        train_gpt2.main(run_args(text) + [f"--log_dir={log}", "--max_steps=10"])
 
 
 @pytest.mark.slow
@@ -243,9 +245,8 @@ def test_modern_recipe_trains_and_resumes_exactly_after_sigkill(tmp_path, capsys
     assert len(starts) == 2 and starts[1]["step"] in (4, 6)  # the log was appended, not truncated
     w, w_ref = final_weights(log)["model"], ckpt["model"]
     assert w.keys() == w_ref.keys() and all(torch.equal(w[k], w_ref[k]) for k in w_ref)
-    with pytest.raises(UserError, match=r"recipe='modern' \(now 'gpt2', this command\).*optimizer='muon' "
-                                        r"\(now 'adamw', --recipe=gpt2\).*--recipe=modern.*--optimizer=muon.*"
-                                        r"--log_dir=NEW"):
+    with pytest.raises(UserError, match=r"has recipe='modern' \(now 'gpt2', this command\), which a resume cannot "
+                                        r"change: restore it \(--recipe=modern\).*--log_dir=NEW$"):
         train_gpt2.main([f"--log_dir={log}", "--max_steps=9", "--recipe=gpt2"])  # GPT-2's recipe
 
 
@@ -663,8 +664,8 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
     starts = [rec for rec in records(log) if rec.get("event") == "start"]
     assert len(starts) == 2 and starts[1]["step"] in (3, 4) and starts[1]["config"]["init_from"] == weights
     before = {p: open(p, "rb").read() for p in glob.glob(os.path.join(log, "*"))}
-    with pytest.raises(UserError, match=f"{log} holds a run started from {weights}, not {other}: the same "
-                                        f"command \\(--init_from={weights}\\) continues it"):
+    with pytest.raises(UserError, match=f"{log} has init_from='{weights}' \\(now '{other}', this command\\), "
+                                        f"which a resume cannot change: restore it \\(--init_from={weights}\\)"):
         train_gpt2.main(args[:-3] + [f"--init_from={other}", "--max_steps=8", f"--log_dir={log}"])
     assert {p: open(p, "rb").read() for p in glob.glob(os.path.join(log, "*"))} == before
     assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=7", f"--log_dir={log}"]) == 0
@@ -673,13 +674,14 @@ def test_a_fine_tune_continues_under_the_same_command(tmp_path, capsys, text, re
 
 
 @pytest.mark.slow
-def test_compile_is_not_used_on_an_apple_gpu(text):
+def test_compile_is_not_used_on_an_apple_gpu(tmp_path, monkeypatch, text):
     """An Apple GPU (mps, faked here: the decision is logic) runs eager with compile=True, said in a NOTE
     that names mps, not the probe's advice to install a compiler; the probe is not run."""
-    from gptlib.runtime import Runtime
-    s, _, notes = settings.combine(train_gpt2.Settings, settings.Recorded(), {"compile": True, "data_root": text},
-                                   Runtime(kind="mps", device="mps"))
-    assert s.compile is False
+    from gptlib import runtime
+    monkeypatch.setattr(runtime, "compile_blocker", lambda rt: pytest.fail("the probe ran"))
+    s, _, origin = decide(tmp_path, {"compile": True, "data_root": text}, runtime.Runtime(kind="mps", device="mps"))
+    notes = origin["notes"]
+    assert s.compile is False and origin["source"]["compile"] == "this machine"
     assert "compile=True: torch.compile is not used on Apple GPUs (mps); running eager" in notes
     assert not any("C++ compiler" in note for note in notes)
 
@@ -699,7 +701,7 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     start = records(tmp_path / "ft")[0]
     assert start["config"]["n_layer"] == start["model_config"]["n_layer"] == 2
     assert start["config"]["n_embd"] == start["model_config"]["n_embd"] == 32
-    assert '"n_layer": 2' in out and "NOTE: no CUDA device: training on the CPU" in out
+    assert '"n_layer": 2' in out and "the laptop's (no CUDA device: training on the CPU)" in out
     assert "n_layer=4" not in out  # the CPU's small model is not the weights'
     with pytest.raises(UserError, match=f"n_layer=3 \\(this command\\), but {weights} has n_layer=2: "
                                         "the weights decide"):
