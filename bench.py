@@ -183,7 +183,7 @@ LEVERS = {  # name: (label, how the compiled step changes). Variants measured he
     "coordinate": ("Inductor's coordinate_descent_tuning (llm.c's reference sets it)",
                    {"options": {"coordinate_descent_tuning": True}}),
     # modded-nanogpt measured ~2% for it and rejected it for its compile time
-    "autotune": ("mode=max-autotune-no-cudagraphs", {"mode": "max-autotune-no-cudagraphs", "limit": 240}),
+    "autotune": ("mode=max-autotune-no-cudagraphs", {"mode": "max-autotune-no-cudagraphs", "limit": 180}),
 }
 WINS = 1.03  # the speed-up a lever must show, without more memory, to become a setting
 ROUNDS = 2  # a lever's A/B: turns of each side's steps
@@ -206,7 +206,7 @@ def unavailable(lever, s, rt, size, B, T):
         return "torch.compile is off", None
     if "limit" not in how or not s["compile"]:
         return None, None
-    rc, apart = compile_apart(lever, size, s, B, T, rt.device, how["limit"])
+    rc, apart = compile_apart(lever, size, s, B, T, rt.kind, how["limit"])
     if rc is None:
         return f"stopped at {how['limit']} s of compiling, unfinished: not timed", None
     return (f"its compile failed apart (exit status {rc}: its output is above)" if rc else None), apart
@@ -230,17 +230,17 @@ LEVER_RUNNER = ("import json, sys\n"
 
 
 def compile_apart(lever, size, s, B, T, device, limit):
-    """(exit status, seconds) of the lever's step compiled and run once in a process of its own, into this
-    process's Inductor cache (the compile here is then a cache hit); the status None when it was stopped at
-    `limit` seconds: torch.compile cannot be interrupted inside a process, a process (and its compile
-    workers) can."""
+    """(exit status, seconds) of the lever's step compiled and run once on `device` (a kind: cuda, as
+    runtime.setup takes it) in a process group of its own, into this process's Inductor cache (the compile
+    here is then a cache hit); the status None when it was stopped at `limit` seconds: torch.compile cannot
+    be interrupted inside a process, a process group (its compile workers too) can."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     from gptlib.gpu_report import run_section
     root = os.path.dirname(os.path.abspath(__file__))
     argv = [sys.executable, "-c", LEVER_RUNNER, root, json.dumps([lever, size, s, B, T, device])]
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        rc = run_section(argv, os.path.join(tmp, "lever.log"), t0 + limit, cache_dir())
+        rc = run_section(argv, os.path.join(tmp, "lever.log"), t0 + limit, cache_dir(), session=False)
     return rc, time.time() - t0
 
 
@@ -478,11 +478,11 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
 
 
 def decode_breakdown(engine, model, batch, pos, rt, bandwidth, steps=20):
-    """Where a cached decode step's time goes at batch: the step generate() ran (the engine's, compiled and
-    graphed as it was) at position pos, and its pick, profiled by breakdown() over DECODE_PARTS; and the
-    fewest bytes it reads (decode_bytes) against the time they take at the GPU's memory bandwidth."""
+    """Where a cached decode step's time goes at batch: the step generate() ran (its decoder, under no_grad)
+    at position pos, and its pick, profiled by breakdown() over DECODE_PARTS; and the fewest bytes it reads
+    (decode_bytes) against the time they take at the GPU's memory bandwidth."""
     tok = torch.zeros(batch, 1, dtype=torch.long, device=rt.device)
-    with autocast(rt.device, rt.dtype):
+    with torch.no_grad(), autocast(rt.device, rt.dtype):
         decoder = engine.decoder(batch, rt.device)  # the one generate() warmed: autocast's dtype is its key
 
         def token():
@@ -860,8 +860,7 @@ def main():
             print()
             if part == "training" and last_step is not None:
                 extra = breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""]
-                for line in extra:
-                    print(line, flush=True)
+                print("\n".join(extra), flush=True)
                 report += extra
             del last_step  # frees the last rung's model before the memory measurements
         elif part == "levers":
@@ -877,26 +876,20 @@ def main():
             report += core_cost(size, rt, args.hellaswag_data, compile, (16,) if cuda else (4,))  # 64: slower
         elif part == "memory":
             extra = memory(size, last_s, rt, measured) + presets(T if cuda else 1024) + [""]
-            for line in extra:
-                print(line, flush=True)
+            print("\n".join(extra), flush=True)
             report += extra
         elif part == "peer":
             report += peer_cost(args.peer, rt, size, step_B, T, (warmup, steps))
         elif part == "softmax":
             extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
-            for line in extra:
-                print(line, flush=True)
+            print("\n".join(extra), flush=True)
             report += extra + [""]
     said = f"compiling and warm-up: {WARMING[0]:.1f} s"  # gpu_report.py reads this line
     print(said, flush=True)
-    finish(report + [said], args.out)
-
-
-def finish(report, out):
-    if out:
-        with open(out, "w") as f:
-            f.write("\n".join(report) + "\n")
-        print(f"wrote {out}")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(report + [said]) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

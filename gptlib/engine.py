@@ -145,10 +145,10 @@ class Decoder:
 
 
 class Engine:
-    """Generation from one model. compile: the decode step through torch.compile, compiled once per batch
-    size and kept here (a Decoder each), and on CUDA captured as a CUDA graph and replayed: ~200 kernel
-    launches a token become one. It costs a compile (tens of seconds) the first time: for many tokens, not
-    for a few."""
+    """Generation from one model, a Decoder kept for each batch size. compile: the decode step through
+    torch.compile, compiled once per batch size, and on CUDA captured as a CUDA graph and replayed: ~200
+    kernel launches a token become one. It costs a compile (tens of seconds) the first time: for many
+    tokens, not for a few."""
 
     def __init__(self, model, compile=False, span=0):
         self.model, self.compile, self.span, self.decoders = model, compile, span, {}
@@ -186,14 +186,13 @@ class Engine:
         return out
 
     def decoder(self, batch, device):
-        """The Decoder for this batch size, device and compute dtype (autocast's, else the weights'); with
-        compile, made at its first use and kept: a compiled step and its CUDA graph are made once."""
+        """The Decoder for this batch size, device and compute dtype (autocast's, else the weights'), made at
+        its first use and kept: a compiled step and its CUDA graph are made once, and bench.py times the step
+        generate() ran."""
         kind = torch.device(device).type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
             self.model.lm_head.weight.dtype
-        if not self.compile:  # nothing to keep but memory: made anew each time
-            return Decoder(self.model, batch, dtype, device, False, self.span)
         key = (batch, str(device), dtype)
         if key not in self.decoders or self.decoders[key].storage != weight_storage(self.model):  # moved
-            self.decoders[key] = Decoder(self.model, batch, dtype, device, True, self.span)
+            self.decoders[key] = Decoder(self.model, batch, dtype, device, self.compile, self.span)
         return self.decoders[key]

@@ -7,11 +7,12 @@ much of it was compiling and warming up, then what each section measured. Every 
 Inductor cache, DIR/inductor_cache, so a graph one section compiled is a cache hit in the next (the script's
 step, ours in the peer's rounds and the levers' default are the step section's). A rerun into the same DIR
 runs only the sections it does not hold for this commit and device, so a report stopped by --budget is
-finished by a second call. On a CPU the same sections run at a tiny size (the test suite does, so the
+finished by the next call. On a CPU the same sections run at a tiny size (the test suite does, so the
 command cannot rot): the figures then mean nothing.
 """
 import contextlib
 import datetime
+import glob
 import json
 import os
 import platform
@@ -35,10 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 
 
 def sections(out, cuda, device, hellaswag_data, peer=None):
-    """[(name, title, argv)] in the order they run: what a decision needs first (the checks, the training
-    step at B=64, llm.c's reference where --peer names it, generation: docs/speed.md's first call), then the
-    rest (the ladder, the script, HellaSwag, CORE, the levers). On a CPU: tiny sizes, no compile (minutes
-    on 2 cores)."""
+    """[(name, title, argv)] in the order they run, docs/speed.md's plan of three calls of `--budget 560`:
+    what decides, in the first two (the checks, the training step at B=64, llm.c's reference where --peer
+    names it, generation; the levers), then the rest (the ladder, the script, HellaSwag, CORE). On a CPU:
+    tiny sizes, no compile (minutes on 2 cores)."""
     py, dev = sys.executable, ["--device", device]
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
     few = [] if cuda else ["--steps", "1", "--warmup", "1"]
@@ -54,20 +55,26 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
 
     def bench(name, *args):
         return [py, "bench.py", *args, *dev, "--out", os.path.join(out, f"{name}.md")]
-    return [  # the first call of `--budget 560` (docs/speed.md): what decides
+    return [  # the first call
         ("checks", "GPU checks (tests/test_gpu.py)",
          [py, "-m", "pytest", "tests/test_gpu.py", "-v", "-n0", "-rA", "-p", "no:cacheprovider",
           "-o", "junit_family=legacy",  # the details the tests record go into the XML without a warning
           f"--junitxml={os.path.join(out, 'checks.xml')}"]),
         ("step", "the compiled step at B=64, train_gpt2.py's micro-batch" if cuda else "the step",
          bench("step", "--only", "step", *quick)),
-    ] + ([] if peer is None else [
-        ("peer", f"train_gpt2.py against llm.c's PyTorch reference at B={peer_B}, T={peer_T}, in turns, the "
-                 "same shards",
-         bench("peer", "--only", "peer", "--peer", peer, "--B", str(peer_B), "--T", str(peer_T), *few))]) + [
+        *([] if peer is None else [
+            ("peer", f"train_gpt2.py against llm.c's PyTorch reference at B={peer_B}, T={peer_T}, in turns, "
+                     "the same shards",
+             bench("peer", "--only", "peer", "--peer", peer, "--B", str(peer_B), "--T", str(peer_T), *few))]),
         ("generation", "generation, batch 1 and 8, --span at batch 8, where a decode step's time goes",
          bench("generation", "--only", "generation")),
-        # the second call: what the first left
+        # the second call: the levers, a section each (a long compile stopped by --budget loses no other's)
+        *[(name, f"{what}, A/B'd in turns against the step" + (" at B=64" if cuda else ""),
+           bench(name, "--only", "levers", "--levers", levers, *quick)) for name, what, levers in [
+            ("levers", "the levers: SDPA forced to each fused backend", "flash,cudnn,efficient"),
+            ("tuning", "the lever coordinate_descent_tuning", "coordinate"),
+            ("autotune", "the lever max-autotune-no-cudagraphs (a compile of 3 min at most)", "autotune")]],
+        # the third call
         ("training", ("the ladder at B=16" if cuda else "the ladder") + " and where its last rung's time "
                      "goes, memory (the estimates against its peak and an eager step's), the softmax "
                      "kernel's GB/s",
@@ -79,13 +86,7 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
           f"--log_dir={os.path.join(out, 'script_log')}", *script]),
         ("hellaswag", "HellaSwag, cold and warm", bench("hellaswag", "--only", "hellaswag", *data)),
         ("core", "CORE on dev/make_core_bundle.py's bundle, 16 examples a forward",
-         bench("core", "--only", "core", *data)),
-    ] + [(name, f"{what}, A/B'd in turns against the step" + (" at B=64" if cuda else ""),
-          bench(name, "--only", "levers", "--levers", levers, *quick)) for name, what, levers in [
-        # a section each where their compiling is long: one stopped by --budget loses no other's
-        ("levers", "the levers: SDPA forced to each fused backend", "flash,cudnn,efficient"),
-        ("tuning", "the lever coordinate_descent_tuning", "coordinate"),
-        ("autotune", "the lever max-autotune-no-cudagraphs (stopped at 4 minutes of compiling)", "autotune")]]
+         bench("core", "--only", "core", *data))]
 
 
 def environment(device, commit):
@@ -111,14 +112,16 @@ def environment(device, commit):
             "date": datetime.date.today().isoformat()}
 
 
-def run_section(argv, log_path, deadline, cache):
+def run_section(argv, log_path, deadline, cache, session=True):
     """Run argv from the project root, its output into log_path (and on to ours), compiling into the
-    Inductor cache folder `cache`; the exit status, or None if it was stopped at the deadline (its whole
-    process group: torchrun's workers too)."""
+    Inductor cache folder `cache`; the exit status, or None if it was stopped at the deadline. All it started
+    ends with it: in a session of its own, every process group of it (a lever's compile's too); without
+    `session` (a lever's compile, inside a section), its process group."""
     with open(log_path, "w") as log:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             errors="replace", env=env, start_new_session=True)
+                             errors="replace", env=env, start_new_session=session,
+                             preexec_fn=None if session else os.setpgrp)
 
         def copy():  # a line at a time: the log holds what ran even if we are killed
             for line in p.stdout:
@@ -134,7 +137,11 @@ def run_section(argv, log_path, deadline, cache):
             return None
         finally:  # the deadline, Ctrl-C, or what the section left running: nothing of ours stays
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGKILL)  # first: it starts no other group
+            for pid in (int(path[6:]) for path in glob.glob("/proc/[0-9]*")):
+                with contextlib.suppress(OSError):  # a process that ended meanwhile
+                    if os.getsid(pid) == p.pid:
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
             p.wait()
             reader.join()
 

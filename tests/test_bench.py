@@ -103,6 +103,118 @@ def test_the_step_runs_at_the_B_given(monkeypatch, capsys):
     assert "the step's, the levers' and the peer's 64" in " ".join(capsys.readouterr().out.split())
 
 
+def test_the_lever_rows_on_a_cuda_runtime(monkeypatch, capsys):
+    """bench.levers on a CUDA runtime (faked: its hardware queries, and a stand-in for the step): a lever with
+    a compile limit compiles apart in a child given the device as runtime.setup takes it, cuda (029eb9d gave
+    rt.device, cuda:0, which setup refuses: the row always read "its compile failed apart"), the child's
+    runner run here on the faked hardware; then its row is timed, as the lever without a limit's is."""
+    import torch
+
+    import bench
+    from gptlib import gpu_report, runtime
+    for name, fake in [("is_available", lambda: True), ("device_count", lambda: 1),
+                       ("set_device", lambda device: None), ("get_device_capability", lambda device=None: (9, 0)),
+                       ("empty_cache", lambda: None), ("reset_peak_memory_stats", lambda device=None: None),
+                       ("synchronize", lambda device=None: None), ("memory_allocated", lambda device=None: 2**30),
+                       ("max_memory_allocated", lambda device=None: 2**31)]:
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda precision: None)
+    monkeypatch.setattr(runtime, "device_memory", lambda device: 80 * 2**30)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the project first
+    built = []
+    monkeypatch.setattr(bench, "training_step", lambda size, s, B, T, rt, lever=None:
+                        built.append((rt.kind, rt.device, rt.dtype, lever)) or (lambda: None))
+
+    def child(argv, log_path, deadline, cache, session=True):  # the lever's process, `python -c RUNNER ARGS`
+        monkeypatch.setattr(sys, "argv", ["-c", *argv[3:]])
+        try:
+            exec(argv[2], {})
+        except UserError as e:
+            print(e)
+            return 1
+        return 0
+    monkeypatch.setattr(gpu_report, "run_section", child)
+    fake = Runtime(kind="cuda", device="cuda:0", dtype="bf16")
+    size, s = dict(n_layer=1, n_head=2, n_embd=16, block_size=32), {**bench.BASE, "compile": True, "bf16": True}
+    lines = bench.levers(size, s, 2, 16, fake, 2, 1, ("coordinate", "autotune"))
+    assert ("cuda", "cuda:0", "bf16", "autotune") in built, capsys.readouterr().out  # the child's runtime
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ") and "---" not in line}
+    for label in ("Inductor's coordinate_descent_tuning (llm.c's reference sets it)",
+                  "mode=max-autotune-no-cudagraphs"):
+        assert re.match(r"\| [^|]+ \| [\d.]+ \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d,]+ \| [\d.]+x \| ", rows[label]), \
+            rows[label]
+    assert re.search(r"\| \d+ s apart \+ [\d.]+ s \| 1.00 GiB / 1.00 GiB \|", rows["mode=max-autotune-no-cudagraphs"])
+
+
+def test_own_copy_keeps_the_methods_defaults():
+    """engine.own_copy: the bound method with a code object of its own (Dynamo's recompile limit counts a code
+    object's graphs) and the method's defaults, positional and keyword-only: the compiled lever step calls
+    GPT.forward's copy with idx alone (before 3b7b52e it failed there, and no CPU test compiled it)."""
+    import torch
+
+    from gptlib.engine import own_copy
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    forward, idx = own_copy(model.forward), torch.randint(0, 64, (1, 8))
+    assert forward.__func__.__code__ is not GPT.forward.__code__ and forward.__self__ is model
+    assert torch.equal(forward(idx)[0], model(idx)[0])
+
+    class Keywords:
+        def f(self, a, b=2, *, c=3):
+            return self, a, b, c
+    it = Keywords()
+    assert own_copy(it.f)(1) == (it, 1, 2, 3)
+
+
+def test_the_decode_breakdown_times_the_step_generate_ran(monkeypatch):
+    """bench.decode_breakdown profiles the decode step generate() ran: the engine's own decoder for the batch
+    (029eb9d timed a fresh one where compile is off) under no_grad, as generate() runs it (029eb9d ran it
+    outside: an eager step built an autograd graph through the KV cache, its logits with a grad_fn)."""
+    import torch
+
+    import bench
+    from gptlib import engine
+    model = bench.build(dict(n_layer=1, n_head=2, n_embd=16, block_size=16), {"vocab_size": 50304, "flash": True},
+                        "cpu").eval()
+    gen, ran, step = engine.Engine(model), [], engine.Decoder.step
+    monkeypatch.setattr(engine.Decoder, "step", lambda self, tok, pos: ran.append((self, step(self, tok, pos)))
+                        or ran[-1][1])
+    gen.generate(torch.zeros(2, 4, dtype=torch.long), 3, top_k=1)
+    generated = ran[0][0]
+    assert all(decoder is generated for decoder, _ in ran)
+    ran.clear()
+    bench.decode_breakdown(gen, model, 2, 4, Runtime(), None, steps=1)
+    assert ran and all(decoder is generated for decoder, _ in ran)
+    assert all(logits.grad_fn is None and not logits.requires_grad for _, logits in ran)
+
+
+def test_the_plan_on_the_page_is_the_reports():
+    """docs/speed.md's plan is the one gpu_report.sections() runs: its estimate's table names the sections in
+    their order, each call's total is its sections' sum and within the first line's --budget; the first line
+    says as many calls, each with the table's total and sections' seconds; the sections that decide run in
+    the first two calls (029eb9d's first line said two calls, its table needed three, the levers in the third)."""
+    from gptlib import gpu_report
+    with open(os.path.join(ROOT, "docs", "speed.md")) as f:
+        page = f.read()
+    first = page.splitlines()[2]
+    rows = re.findall(r"^\| (\d) \| (\w+) \| .* \| (\d+) s \|$", page, re.M)
+    assert [name for _, name, _ in rows] == [name for name, *_ in gpu_report.sections("R", True, "cuda", "h", "P")]
+    calls = {}
+    for call, name, seconds in rows:
+        calls.setdefault(int(call), {})[name] = int(seconds)
+    plan = [(sum(call.values()), list(call.values())) for _, call in sorted(calls.items())]
+    totals = re.findall(r"^\| \| \*\*\w+ call\*\* \| \| \| \*\*(\d+) s\*\* \|$", page, re.M)
+    assert [int(t) for t in totals] == [total for total, _ in plan]
+    assert first.split()[:2] == [["One", "Two", "Three", "Four"][len(plan) - 1], "calls,"], first
+    said = [(int(total), [int(x) for x in re.findall(r"(\d+) s\b", those)])
+            for total, those in re.findall(r"~(\d+) s \(([^)]*)\)", first)]
+    assert said == plan, (said, plan)
+    assert max(total for total, _ in plan) <= int(re.search(r"--budget (\d+)", first).group(1))
+    assert {"checks", "step", "peer", "generation", "levers", "tuning", "autotune"} <= {*calls[1], *calls[2]}
+
+
 @pytest.mark.slow
 def test_peer_from_another_folder_by_a_relative_path(tmp_path, monkeypatch, capsys):
     """--only peer --peer PATH, PATH relative to the user's folder (not the project's, not the peer's own
@@ -338,8 +450,8 @@ def test_generation_check_fails_on_planted_defects(monkeypatch):
 def test_report_runs_every_section_and_continues(tmp_path, capsys):
     """bench.py --report on a CPU, at its tiny size, from a folder other than the project's, the report's and
     the peer's paths relative to it (each section runs from the project root, where --peer named no file at
-    0bcff65): every section in its own process, in the order that decides (docs/speed.md's first call: the
-    checks, the step, the peer, generation; then the rest, the levers last), its raw output kept, report.md
+    0bcff65): every section in its own process, in the order that decides (docs/speed.md's first two calls:
+    the checks, the step, the peer, generation, the levers; then the rest), its raw output kept, report.md
     naming the commit and each command, and each section's compiling and warm-up from its own first and
     later iterations (HellaSwag's and the peer's were always 0); generation's decode breakdown; the levers'
     table (those a CPU cannot run say n/a in their row); a rerun runs nothing it holds; a budget stops the
@@ -351,8 +463,8 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
                         "--commit", "abc1234", "--peer", os.path.relpath(STANDIN, tmp_path)], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    names = ["checks", "step", "peer", "generation", "training", "script", "hellaswag", "core", "levers", "tuning",
-             "autotune"]
+    names = ["checks", "step", "peer", "generation", "levers", "tuning", "autotune", "training", "script",
+             "hellaswag", "core"]
     assert re.findall(r"^== (\w+): ", r.stdout, re.M) == names
     row = re.compile(r"^\| \[(\w+)\]\(#\w+\) \| `python ([^`]+)` \| (finished|FAILED[^|]*) \| \d+ s \| "
                      r"(n/a|[\d.]+ s) \|$", re.M)
@@ -425,11 +537,11 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     (out / "levers.json").unlink()
     assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234", peer=STANDIN) == 2
     said = capsys.readouterr().out
-    assert "stopped at the budget during hellaswag" in said and re.findall(r"^== (\w+)", said, re.M) == ["hellaswag"]
-    assert not (out / "hellaswag.json").exists()
-    assert "| [hellaswag]" not in (out / "report.md").read_text()  # a stopped section is not shown
+    assert "stopped at the budget during levers" in said and re.findall(r"^== (\w+)", said, re.M) == ["levers"]
+    assert not (out / "levers.json").exists()
+    assert "| [levers]" not in (out / "report.md").read_text()  # a stopped section is not shown
     assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
-    assert re.findall(r"^== (\w+)", capsys.readouterr().out, re.M) == ["hellaswag", "levers"]  # what was missing
+    assert re.findall(r"^== (\w+)", capsys.readouterr().out, re.M) == ["levers", "hellaswag"]  # what was missing
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
     # the script's: its first step over the later ones' median, never negative (an eager first step may be
     # the fastest: flaky at 1181ac5), and its first evaluation over the later ones' (the step after each less)
@@ -474,7 +586,7 @@ def test_a_steps_peak_memory_is_logged_and_reported(monkeypatch, tmp_path):
 def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path, monkeypatch):
     """--budget's deadline holds while a section is silent (the peer's rounds print nothing for minutes; the
     deadline was checked only when a line came), and the section's log keeps what it printed; what a section
-    leaves running is stopped with it. A lever with a compile limit (max-autotune's 4 minutes) compiles and
+    leaves running is stopped with it. A lever with a compile limit (max-autotune's 3 minutes) compiles and
     runs its step once in a process of its own, stopped at the limit with a line for its row."""
     import bench
     from gptlib import gpu_report
@@ -498,3 +610,35 @@ def test_a_section_that_prints_nothing_stops_at_its_deadline(tmp_path, monkeypat
                                      "sys.executable, '-c', 'import time; time.sleep(60)']); print('left')"],
                                     str(tmp_path / "t.log"), None, str(tmp_path))
     assert status == 0 and time.time() - started < 20 and (tmp_path / "t.log").read_text() == "left\n"
+    # a --budget stop while a lever compiles apart in a process group of its own (029eb9d left it running,
+    # racing the next call): the deadline comes once the lever's process has said its pid
+    log, wait = tmp_path / "u.log", subprocess.Popen.wait
+
+    def at_the_deadline(self, timeout=None):  # run_section's wait for the section, until its deadline
+        if timeout is None:
+            return wait(self)
+        while "lever" not in log.read_text() and self.poll() is None:
+            time.sleep(0.1)
+        raise subprocess.TimeoutExpired(self.args, timeout)
+    section = ("import bench\n"
+               "bench.LEVER_RUNNER = 'import os, time; print(\"lever\", os.getpid(), flush=True); time.sleep(60)'\n"
+               "bench.compile_apart('autotune', {}, {}, 1, 1, 'cpu', 120)\n")
+    with monkeypatch.context() as m:
+        m.setattr(subprocess.Popen, "wait", at_the_deadline)
+        assert gpu_report.run_section([sys.executable, "-c", section], str(log), time.time() + 600,
+                                      str(tmp_path)) is None
+    lever = int(re.search(r"^lever (\d+)$", log.read_text(), re.M).group(1))
+    for _ in range(100):  # its SIGKILL's delivery
+        if not running(lever):
+            break
+        time.sleep(0.1)
+    assert not running(lever), log.read_text()
+
+
+def running(pid):
+    """Whether process pid runs (Linux's /proc): neither gone nor a zombie awaiting its parent's wait."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
