@@ -49,11 +49,7 @@ def download(cache_dir, option="--data"):
     time (all DDP ranks do): an exclusive file lock lets the first download while the others wait, then
     they all read the finished file. The file is written under a temporary name and renamed when complete.
     option: the setting that takes a local copy instead, for messages."""
-    try:
-        from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
-    except ImportError:
-        raise UserError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
-                        f"pass a local copy of hellaswag_val.jsonl with {option}") from None
+    from filelock import FileLock  # in requirements.txt; unlike fcntl it works on Windows too
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
         raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass "

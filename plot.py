@@ -201,8 +201,7 @@ def write_report(path):
 
 def main():
     parser = command_line(__doc__)
-    parser.add_argument("--log", default="log/metrics.jsonl",
-                        help="train_gpt2.py's metrics.jsonl or its folder")
+    parser.add_argument("--log", default="log", help="train_gpt2.py's metrics.jsonl or its folder")
     parser.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
     parser.add_argument("--logy", action="store_true", help="log-scale loss axis")
     parser.add_argument("--baseline", "--gpt2_log", default=None,
