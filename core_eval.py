@@ -71,6 +71,8 @@ def download(cache_dir=CACHE_DIR, option="--bundle"):
         try:
             urllib.request.urlretrieve(BUNDLE_URL, tmp + ".zip")
         except (urllib.error.URLError, OSError) as e:
+            if os.name == "posix":  # nothing downloaded, no lock file left (Windows' goes when released)
+                os.remove(path + ".lock")  # a process waiting for it locks another: filelock checks
             raise UserError(f"could not download the CORE eval bundle ({getattr(e, 'reason', e)}); offline, "
                             f"download {BUNDLE_URL} elsewhere, unzip it and pass its eval_bundle folder with "
                             f"{option} (core.yaml, eval_meta_data.csv, eval_data/)") from None

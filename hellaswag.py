@@ -3,6 +3,7 @@
     python hellaswag.py --model gpt2                      # OpenAI GPT-2 124M (needs internet once)
     python hellaswag.py --model log/model_019073.pt --data hellaswag_val.jsonl --limit 1000
     torchrun --nproc_per_node=8 hellaswag.py --model log/model_019073.pt
+    python hellaswag.py --download                        # the data alone, for a machine without internet
 
 The method of the GPT-2 reproductions (OpenAI GPT-2 124M: acc_norm 0.2955; GPT-3 125M: 0.337): context
 tokens = GPT-2 tokens of `ctx`, each ending = tokens of " " + ending; an ending's score is the cross-entropy
@@ -48,11 +49,7 @@ def download(cache_dir, option="--data"):
     time (all DDP ranks do): an exclusive file lock lets the first download while the others wait, then
     they all read the finished file. The file is written under a temporary name and renamed when complete.
     option: the setting that takes a local copy instead, for messages."""
-    try:
-        from filelock import FileLock  # comes with datasets; unlike fcntl it works on Windows too
-    except ImportError:
-        raise UserError("downloading HellaSwag needs the datasets package (pip install datasets); offline, "
-                        f"pass a local copy of hellaswag_val.jsonl with {option}") from None
+    from filelock import FileLock  # in requirements.txt; unlike fcntl it works on Windows too
     path = os.path.join(cache_dir, "hellaswag_val.jsonl")
     if not os.path.exists(path) and not hub_online():  # before any folder or lock file is made
         raise UserError("could not download HellaSwag: the Hugging Face Hub cannot be reached; offline, pass "
@@ -201,9 +198,14 @@ def main():
     parser.add_argument("--batch_size", type=int, default=None,
                         help="examples per forward, a row each (default: 64 on a GPU; 8 on a CPU, where "
                         "smaller batches stay in cache and run faster)")
+    parser.add_argument("--download", action="store_true", help="only download the data into hellaswag_data/ "
+                        "(once): copy it to a machine without internet, and pass it with --hellaswag_data")
     parser.add_argument("--unbatched", action="store_true",
                         help="one example per forward: the slow reference")
     args = parser.parse_args()
+    if args.download:
+        print(f"hellaswag: {download(CACHE_DIR, '--hellaswag_data')}")
+        return
     check_range("--limit", args.limit, 1)
     check_range("--batch_size", args.batch_size, 1)
 

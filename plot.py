@@ -4,12 +4,13 @@ against step, optionally against a baseline run, and say how the two runs' setti
 
     python plot.py                                          # log/metrics.jsonl -> log/plot.png
     python plot.py --log run/metrics.jsonl --out run.png --logy
-    python plot.py --baseline log_gpt2/metrics.jsonl        # vs OpenAI GPT-2, same data (docs/reproduce.md)
+    python plot.py --log=log --gpt2_log=log_gpt2            # vs OpenAI GPT-2, same data (docs/reproduce.md)
     python plot.py --report                                 # and log/report.md: what ran, what it reached
 
-A baseline is any train_gpt2.py log: an --eval_only=True run is drawn as level lines (one evaluation), a
-training run as dashed curves. Works on a resumed run (the log is appended; a step done twice keeps its last
-values) and on a run still writing its log (a half-written last line is skipped).
+A log is a metrics.jsonl or its folder. A baseline (--baseline, or --gpt2_log) is any train_gpt2.py log: an
+--eval_only=True run is drawn as level lines (one evaluation), a training run as dashed curves. Works on a
+resumed run (the log is appended; a step done twice keeps its last values) and on a run still writing its
+log (a half-written last line is skipped).
 """
 import json
 import os
@@ -17,7 +18,7 @@ import os
 from core_eval import GPT2_CORE
 from gptlib.runlog import duration
 from gptlib.errors import UserError, command_line, main_guard
-from gptlib.runlog import read_log
+from gptlib.runlog import metrics_path, read_log
 
 # Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
 # (n_layer, n_embd) they match; no figure for a size where none was published.
@@ -33,6 +34,11 @@ REFERENCES = {
         ("OpenAI GPT-2 1558M", 0.4893)],
 }
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag", "core")
+
+
+def plural(n, one, many=None):
+    """'1 val eval', '2 val evals'."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def load_metrics(path, records=None):
@@ -139,13 +145,15 @@ def report(path, records, series, plot_file=None):
              f"wide, vocabulary {model.get('vocab_size')}, {model.get('block_size')} positions"
              + "".join(f", {k}" for k in ("rotary", "qk_norm", "relu2", "untied_head", "rmsnorm",
                                           "embed_norm") if model.get(k)),
-             f"- hardware: {start.get('world_size')} processes on {run.get('hosts')} host(s): "
+             f"- hardware: {plural(start.get('world_size'), 'process', 'processes')} on "
+             f"{plural(run.get('hosts'), 'host')}: "
              + ", ".join(f"{n} x {name}" for name, n in (run.get("devices") or {}).items())
              + f"; {run.get('dtype')}, compile {run.get('compile')}",
              f"- versions: Python {run.get('python')}, torch {run.get('torch')}, CUDA {run.get('cuda')}",
              f"- code: commit {run.get('git_commit')}"
              + (" with local changes" if run.get("git_dirty") else ""),
-             f"- starts: {len(starts)} (the first and {len(starts) - 1} resumes)", "", "## Training", ""]
+             f"- starts: {len(starts)} (the first and {plural(len(starts) - 1, 'resume')})", "",
+             "## Training", ""]
     if steps:
         tok_s = [r["tok_s"] for r in steps.values() if r.get("tok_s")]
         util = [r["mfu"] for r in steps.values() if r.get("mfu") is not None]
@@ -193,15 +201,18 @@ def write_report(path):
 
 def main():
     parser = command_line(__doc__)
-    parser.add_argument("--log", default="log/metrics.jsonl", help="train_gpt2.py's metrics.jsonl")
+    parser.add_argument("--log", default="log", help="train_gpt2.py's metrics.jsonl or its folder")
     parser.add_argument("--out", default=None, help="PNG to write (default: plot.png beside the log)")
     parser.add_argument("--logy", action="store_true", help="log-scale loss axis")
-    parser.add_argument("--baseline", default=None,
-                        help="another run's metrics.jsonl (e.g. an --eval_only=True run of OpenAI's GPT-2 on "
-                        "the same data) to draw as reference lines; its differing settings are printed")
+    parser.add_argument("--baseline", "--gpt2_log", default=None,
+                        help="another run's log, drawn as reference lines, its differing settings printed; "
+                        "as --gpt2_log, that of train_gpt2.py --eval_only=True --init_from=gpt2 "
+                        "--log_dir=log_gpt2: GPT-2's own loss on your validation shard")
     parser.add_argument("--report", action="store_true",
                         help="also write report.md beside the log (with plot.png), as a finished run does")
     args = parser.parse_args()
+    args.log, args.baseline = (metrics_path(p) if p and os.path.isdir(p) else p
+                               for p in (args.log, args.baseline))
     if args.report:
         print(f"wrote {write_report(args.log)} and plot.png beside it")
         return
@@ -220,8 +231,8 @@ def main():
         what = "is not writable" if os.path.isdir(folder) else "does not exist"
         raise UserError(f"--out {out}: the folder {folder} {what}: create it, or choose another --out")
     plot(series, out, args.logy, baseline, label, reference_levels(run))
-    print(f"wrote {out}: {len(series['loss'])} train steps, {len(series['val_loss'])} val evals, "
-          f"{len(series['hellaswag'])} HellaSwag evals")
+    print(f"wrote {out}: " + ", ".join(plural(len(series[key]), name) for key, name in (
+        ("loss", "train step"), ("val_loss", "val eval"), ("hellaswag", "HellaSwag eval"))))
     if args.baseline:
         print(f"settings that differ ({args.log} -> {args.baseline}):" if diff else "settings: the same")
         for line in diff:

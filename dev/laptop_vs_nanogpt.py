@@ -17,10 +17,11 @@ on all alike. --peer is nanoGPT's folder (a clone of github.com/karpathy/nanoGPT
 configurator.py, config/, data/shakespeare_char/prepare.py); it is run where it is, never copied: its data
 is prepared once by its own prepare.py in a work folder that links its files (prepare.py reads the input.txt
 beside it, train.py reads configurator.py, config/ and data/ from the folder it runs in), and its model is
-loaded by its own model.py. --peer_flags are added after the
-recipe's (nanoGPT's configurator: the last wins). --keep DIR keeps the runs' folders (default: removed).
---text PATH trains both on another ASCII text (each --ours then needs --data_root=PATH: a plain run's
-fallback is input.txt); the tests' is short.
+loaded by its own model.py. --peer_flags are added after the recipe's (nanoGPT's configurator: the last
+wins). Each run's output file is named as the run starts. --keep DIR keeps the runs' folders (default:
+removed, also when stopped: SIGTERM or Ctrl-C ends the run in progress and what it started). --text PATH
+trains both on another ASCII text (each --ours then needs --data_root=PATH: a plain run's fallback is
+input.txt); the tests' is short.
 
 The held-out bytes: each project cuts input.txt at 90% for its validation, ours by GPT-2 tokens (the
 tokens of <|endoftext|> + the text, cut at int(0.9 * n): dataloader.split_point), nanoGPT's by characters
@@ -53,6 +54,7 @@ import pickle
 import re
 import resource
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,11 +100,19 @@ def check_peer(peer):
 
 def run(cmd, cwd, out):
     """(wall seconds, CPU seconds of the process and its children) of cmd run in cwd, its output in the
-    file out; a UserError with its last line if it fails."""
+    file out (named when it starts); a UserError with its last line if it fails. A stop (SIGTERM, Ctrl-C)
+    ends cmd and every process it started."""
+    print(f"running {os.path.basename(cmd[1])}, its output in {out}", flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(out, "w") as f:
-        done = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+        done = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            done.wait()
+        except BaseException:  # a stop: re-raised, once what the run started has ended
+            os.killpg(done.pid, signal.SIGKILL)
+            done.wait()
+            raise
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -283,6 +293,7 @@ def main():
                         help="the text both train on (default: input.txt, where a plain train_gpt2.py run "
                         "falls back to; another needs --data_root=PATH in each --ours)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # as Ctrl-C: cleans up
     check_range("--pairs", args.pairs, 1)
     if not os.path.isfile(args.text):
         raise UserError(f"--text {args.text}: no such file")
@@ -290,6 +301,7 @@ def main():
     peer = check_peer(args.peer)
     if args.keep and os.path.exists(args.keep):
         raise UserError(f"--keep {args.keep} exists: name a new folder")
+    rounds = f"{args.pairs} round{'s' if args.pairs != 1 else ''}"
     candidates = args.ours if args.ours is not None else [""]
     sides = ([] if args.only == "peer" else [("ours", f) for f in candidates]) + \
         ([] if args.only == "ours" else [("peer", args.peer_flags)])
@@ -299,7 +311,7 @@ def main():
         folder = prepare_peer(peer, text, work)
         offset, held = held_out(text, folder)
         print(f"held-out: {text} from byte {offset:,} to its end, {len(held):,} bytes; nanoGPT: "
-              f"{peer}; {args.pairs} round(s) in turns: {', '.join(label(*side) for side in sides)}",
+              f"{peer}; {rounds} in turns: {', '.join(label(*side) for side in sides)}",
               flush=True)
         results = {side: [] for side in sides}
         for r in range(args.pairs):
@@ -316,7 +328,7 @@ def main():
         print(f"| {label(*side)} | " + " | ".join(spread([x[key] for x in runs], fmt) for key, fmt in
                                                  (("wall", ".0f"), ("cpu", ".0f"), ("steps", ".0f"),
                                                   ("bpb", ".4f"))) + " |")
-    print(f"\nmedians of {args.pairs} round(s) (range); held-out: bytes {offset:,} to {offset + len(held):,} "
+    print(f"\nmedians of {rounds} (range); held-out: bytes {offset:,} to {offset + len(held):,} "
           f"of {os.path.basename(text)}, each model in windows of its own context")
 
 

@@ -165,7 +165,7 @@ def test_ranks_split_the_examples_once(model, bundle, world_size):
 
 def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
     """A folder without the bundle's files, a missing task file, and a download without network each name
-    the file or the way to place the bundle by hand; the failed download leaves no bundle behind."""
+    the file or the way to place the bundle by hand; the failed download leaves no bundle or lock behind."""
     with pytest.raises(UserError, match=r"core.yaml does not exist: --bundle takes the eval bundle's folder"):
         core_eval.load_tasks(str(tmp_path))
     folder = write_core_bundle(tmp_path / "b")
@@ -207,7 +207,7 @@ def test_bundle_mistakes_are_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"could not download the CORE eval bundle .*unzip it and pass its "
                                         r"eval_bundle folder with --bundle"):
         core_eval.download(str(tmp_path / "cache"))
-    assert not os.path.exists(tmp_path / "cache" / "eval_bundle")
+    assert os.listdir(tmp_path / "cache") == []  # no eval_bundle, and no eval_bundle.lock left behind
 
 
 @pytest.mark.slow

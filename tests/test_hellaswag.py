@@ -276,6 +276,21 @@ def test_offline_download_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch
     assert not os.path.exists(tmp_path / "hs")
 
 
+def test_download_alone_for_a_machine_without_internet(tmp_path, monkeypatch, capsys):
+    """python hellaswag.py --download, the way to fetch the data for offline nodes: the file's path once it is
+    there; offline, a UserError (one line) naming the setting that takes a copy (docs/reproduce.md's `python
+    -c "import hellaswag; hellaswag.download(...)"` ended in a traceback)."""
+    monkeypatch.setattr(hellaswag, "CACHE_DIR", str(tmp_path / "hs"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["hellaswag.py", "--download"])
+    with pytest.raises(UserError, match=r"the Hugging Face Hub cannot be reached; offline, pass a local copy "
+                                        r"of hellaswag_val.jsonl \(.+\) with --hellaswag_data$"):
+        hellaswag.main()
+    write_jsonl(tmp_path / "hs" / "hellaswag_val.jsonl", [example(0)])
+    hellaswag.main()
+    assert capsys.readouterr().out == f"hellaswag: {tmp_path / 'hs' / 'hellaswag_val.jsonl'}\n"
+
+
 def test_offline_hellaswag_in_training_names_its_setting(tmp_path, monkeypatch, text):
     """train_gpt2.py with HellaSwag on and the Hub unreachable: the line names --hellaswag_data, the setting
     that takes a local copy there (before: hellaswag.py's --data)."""

@@ -1,15 +1,18 @@
 """dev/laptop_vs_nanogpt.py, the laptop run against nanoGPT's: the held-out bytes against a plain computation
 of both projects' cuts, our model's bits per byte against one window at a time, a wrong --peer's one line,
-and the whole tool once from another folder against a stand-in for nanoGPT's folder
+and the whole tool once from another folder, and stopped once, against a stand-in for nanoGPT's folder
 (tests/workers/nanogpt_standin/: its model a bigram table, whose held-out bits per byte have a closed
 form)."""
+import glob
 import importlib.util
 import math
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -137,3 +140,43 @@ def test_the_tool_from_another_folder(tmp_path, text):
     assert all(2 < float(row[4]) < 17 for row in rows), rows  # a bigram at 30 steps, ours at 2 or 3
     assert_one_line_error(subprocess.run([sys.executable, TOOL, "--peer", "no/such"], cwd=tmp_path,
                                          capture_output=True, text=True), "--peer no/such: no such folder")
+
+
+@pytest.mark.slow
+def test_a_stop_ends_the_run_and_removes_the_work_folder(tmp_path, text):
+    """SIGTERM while the stand-in's training runs (endless here): the tool had named the run and its output
+    file when it started, and the stop ends that run and removes the temporary work folder (before: nothing
+    said for the whole run, and the child trained on in a folder left behind)."""
+    tmp = tmp_path / "tmp"  # the tool's temporary folders, through TMPDIR
+    tmp.mkdir()
+    cmd = [sys.executable, TOOL, "--peer", STANDIN, "--text", text, "--only", "peer", "--pairs", "1",
+           "--peer_flags=--max_iters=100000000 --eval_interval=100000000"]
+    p = subprocess.Popen(cmd, env={**ENV, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    children = []
+    try:
+        deadline = time.time() + 120
+        while not any("iter 3:" in open(f).read() for f in glob.glob(f"{tmp}/*/peer0_0.out")):
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.2)
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # the training: it runs in the work folder
+            try:
+                if os.readlink(f"/proc/{pid}/cwd").startswith(str(tmp)):
+                    children.append(int(pid))
+            except OSError:
+                pass
+        assert children
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 128 + signal.SIGTERM and not err, (p.returncode, err[-2000:])
+        assert re.search(r"^running train.py, its output in .*/peer0_0.out$", out, re.M), out
+        assert os.listdir(tmp) == []
+        for pid in children:
+            assert not os.path.exists(f"/proc/{pid}"), f"{pid} outlived the stop"
+    finally:  # whatever this test left running
+        p.kill()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -191,6 +191,31 @@ def test_plot_panels_share_the_step_axis_and_skip_an_empty_hellaswag(tmp_path):
     assert [title for title, _ in drawn][2:] == ["CORE"] and len({xlim for _, xlim in drawn}) == 1
 
 
+def test_plot_takes_log_folders_and_draws_gpt2s_own_loss(tmp_path, monkeypatch, capsys):
+    """--log and --gpt2_log take a log folder (its metrics.jsonl); --gpt2_log, the log of an --eval_only=True
+    --init_from=gpt2 run on the user's shard, draws GPT-2's own validation loss on the loss panel; one
+    evaluation is said as one."""
+    import matplotlib.figure
+    mine = [{"event": "start", "step": 0, "config": {"init_from": "scratch"}}, {"step": 1, "loss": 9.0},
+            {"step": 2, "loss": 8.0}, {"step": 2, "val_loss": 7.5}]
+    gpt2 = [{"event": "start", "step": 0, "config": {"init_from": "gpt2", "eval_only": True}},
+            {"step": 0, "val_loss": 3.3101, "val_bpb": 1.1}]
+    for name, records in (("log", mine), ("log_gpt2", gpt2)):
+        (tmp_path / name).mkdir()
+        write_log(tmp_path / name / "metrics.jsonl", records)
+    figures, save = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *args, **kwargs: figures.append(fig) or save(fig, *args, **kwargs))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["plot.py", "--log=log", "--gpt2_log=log_gpt2"])
+    plot.main()
+    out = capsys.readouterr().out
+    assert out.startswith("wrote log/plot.png: 2 train steps, 1 val eval, 0 HellaSwag evals\n")
+    drawn = {line.get_label(): list(line.get_ydata()) for line in figures[0].axes[0].get_lines()}
+    assert drawn == {"train loss": [9.0, 8.0], "val loss": [7.5],
+                     "gpt2 (eval only) (3.3101)": [3.3101, 3.3101]}
+
+
 def test_plot_errors(tmp_path, monkeypatch):
     """UserErrors (plot.py's one line: test_plot_into_a_missing_folder_is_one_line)."""
     monkeypatch.setattr(sys, "argv", ["plot.py", "--log", str(tmp_path / "nope.jsonl")])
@@ -238,6 +263,7 @@ def test_a_finished_run_reports_from_its_log_alone(tmp_path, monkeypatch, refere
     assert f"- final train loss {steps[-1]['loss']:.4f}" in written and (log / "plot.png").exists()
     assert all(f"    {text!r}" in written for text in recs[-1]["samples"])
     assert '"n_layer": 2' in written and start["run"]["torch"] in written
+    assert "- hardware: 1 process on 1 host: 1 x " in written  # not "1 processes on 1 host(s)"
     assert "![loss and bits per byte](plot.png)" in written  # --hellaswag=0: the panels drawn, no others
     os.remove(log / "report.md")
     monkeypatch.setattr(sys, "argv", ["plot.py", "--report", f"--log={log / 'metrics.jsonl'}"])
