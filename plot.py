@@ -16,9 +16,8 @@ import json
 import os
 
 from core_eval import GPT2_CORE
-from gptlib.runlog import duration
-from gptlib.errors import UserError, command_line, main_guard
-from gptlib.runlog import metrics_path, read_log
+from gptlib.errors import UserError, command_line, main_guard, plural
+from gptlib.runlog import duration, metrics_path, read_log
 
 # Published HellaSwag acc_norm (all 10,042 validation examples) of OpenAI's models, by the shape of the run
 # (n_layer, n_embd) they match; no figure for a size where none was published.
@@ -34,11 +33,6 @@ REFERENCES = {
         ("OpenAI GPT-2 1558M", 0.4893)],
 }
 SERIES = ("loss", "val_loss", "val_bpb", "hellaswag", "core")
-
-
-def plural(n, one, many=None):
-    """'1 val eval', '2 val evals'."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def load_metrics(path, records=None):

@@ -33,11 +33,10 @@ from gptlib import runtime, settings
 from gptlib.accounting import mfu, peak_flops
 from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
 from gptlib.engine import Engine
-from gptlib.errors import PeerFailed, RankError, UserError, main_guard, say
+from gptlib.errors import PeerFailed, RankError, UserError, main_guard, plural, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
 from gptlib.runlog import Clock, RunLog, duration, hold_log_dir, metrics_path
 from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
-from gptlib.settings import plural
 from gptlib.tokenizer import get_encoding, token_bytes
 from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
 from model import GPT, GPTConfig
@@ -327,7 +326,7 @@ def log_start(run):
             print0(f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "
                    f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on")
         mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
-        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {plural(rt.world_size, 'process')} x "
+        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {plural(rt.world_size, 'process', 'processes')} x "
                f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}")
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
              "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,

@@ -66,6 +66,17 @@ def checkpoints(log_dir):
     return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
 
+def newest(log_dir):
+    """The newest checkpoint in log_dir (a path from the folder you run in), or a CheckpointError naming the
+    folder looked in and the fix."""
+    found = checkpoints(log_dir)
+    if not found:
+        where = os.path.abspath(log_dir) + ("" if os.path.isdir(log_dir) else ", no such folder")
+        raise CheckpointError(f"no checkpoint in {where}: give a training run's log_dir as a path from the "
+                              "folder you run in, or its full path")
+    return found[-1]
+
+
 def remove_stale_writes(log_dir, rt):
     """Rank 0, holding log_dir's lock: a checkpoint write that a second signal or Slurm's SIGKILL cut short
     left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Each removal is said."""

@@ -19,6 +19,11 @@ def say(line, file=None):
     file.flush()
 
 
+def plural(n, one, many=None):
+    """'1 val eval', '2 val evals'; '1 process', '2 processes' with many."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 class UserError(Exception):
     """An expected mistake; str(e) is the one line to print."""
     rank = None  # set where the ranks agreed who failed (runtime.together): this rank says it, naming itself

@@ -23,7 +23,7 @@ import torch
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
 from gptlib.checkpoint import checkpoints, model_config, read_newest
-from gptlib.errors import UserError, check_range, valid_range
+from gptlib.errors import UserError, check_range, plural, valid_range
 from gptlib.optimizers import get_lr
 from gptlib.runtime import print0
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
@@ -304,7 +304,7 @@ def fit(cfg, source, given, rt):
 def fit_batch(cfg, source, given, rt):
     """fit()'s B that does not divide total_batch_size into whole micro-steps: lowered to the largest that
     does, unless this command named it (a UserError)."""
-    fits, where = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size), plural(rt.world_size, "process")
+    fits, where = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size), plural(rt.world_size, "process", "processes")
     whole = f"total_batch_size={cfg['total_batch_size']:,} into whole micro-steps of {cfg['T']} tokens x {where}"
     if "B" in given:
         raise UserError(f"--B={cfg['B']} does not divide {whole}: use one of {', '.join(map(str, fits[:6]))}")
@@ -358,10 +358,6 @@ def micro_batches(total_batch_size, T, world_size):
     first."""
     rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
     return [b for b in range(rows, 0, -1) if rows % b == 0]
-
-
-def plural(n, word):
-    return f"{n} {word}{'es' if word.endswith('s') else 's'}" if n != 1 else f"{n} {word}"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ CI runs."""
 import os
 import re
 
+import pytest
 import torch
 
 from conftest import ROOT, build, save_model, tiny
@@ -35,6 +36,19 @@ def test_the_python_snippet_loads_a_checkpoint_and_generates(tmp_path, monkeypat
     assert out.startswith(prompt), out
     assert len(get_encoding().encode(out.rstrip("\n"), disallowed_special=())) >= len(
         get_encoding().encode(prompt)) + 10, out  # 20 tokens drawn; decoded and encoded again, some merge
+
+
+def test_the_python_snippet_without_a_run_names_the_folder_and_the_fix(tmp_path, monkeypatch):
+    """The snippet run from a folder without log/ (a script outside the repository), then with an empty log/:
+    a line naming the folder it looked in and the fix (before: IndexError from checkpoints("log")[-1])."""
+    from gptlib.checkpoint import CheckpointError
+    snippet = readme().split(START, 1)[1].split(END, 1)[0]
+    monkeypatch.chdir(tmp_path)
+    fix = ": give a training run's log_dir as a path from the folder you run in, or its full path$"
+    for where in (f"{tmp_path / 'log'}, no such folder", f"{tmp_path / 'log'}"):
+        with pytest.raises(CheckpointError, match=f"^no checkpoint in {where}{fix}"):
+            exec(compile(snippet, "README.md", "exec"), {"__name__": "readme_snippet"})
+        os.makedirs(tmp_path / "log", exist_ok=True)
 
 
 def test_the_test_command_ci_runs_is_readmes():
