@@ -130,6 +130,15 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
     return tasks
 
 
+def timing_note(bundle, option):
+    """The NOTE beside a CORE score of a bundle made for timing (made_for_timing), else None; option: the
+    setting that gave it."""
+    if bundle and made_for_timing(bundle):
+        return (f"{bundle} was made by dev/make_core_bundle.py to time CORE's shapes from local files, not "
+                f"DCLM's data: this CORE means nothing (without {option}, DCLM's is downloaded)")
+    return None
+
+
 def made_for_timing(bundle):
     """Whether bundle is one dev/make_core_bundle.py made: CORE's shapes from local files, not DCLM's data, so
     its CORE means nothing. Its core.yaml says made_by: dev/make_core_bundle.py; one made before that mark
@@ -437,9 +446,8 @@ def main():
         n = sum(len(t.examples) for t in tasks)
         print(f"CORE {result['core']:.4f} ({n:,} examples, {len(tasks)} tasks; {sum(times.values()):.1f} s: "
               + ", ".join(f"{what} {dt:.1f} s" for what, dt in times.items()) + ")")
-        if args.bundle and made_for_timing(args.bundle):
-            print(f"NOTE: {args.bundle} was made by dev/make_core_bundle.py to time CORE's shapes from local "
-                  "files, not DCLM's data: this CORE means nothing (without --bundle, DCLM's is downloaded)")
+        if note := timing_note(args.bundle, "--bundle"):
+            print(f"NOTE: {note}")
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump({"core": result["core"], "tasks": result["tasks"], "seconds": times}, f, indent=1)

@@ -512,6 +512,8 @@ def evaluate(run):
     if run.core is not None:  # the same: packed once, through the compiled model
         core = core_eval.evaluate(models.eval_model, run.core, rt)
         print0(f"{at}: CORE {core['core']:.4f} ({len(core['tasks'])} tasks, {s.core} examples each at most)")
+        if note := core_eval.timing_note(s.core_bundle, "--core_bundle"):
+            print0(f"NOTE: {note}")
         records.append({"step": run.step, "core": core["core"],
                         "core_tasks": {label: t["accuracy"] for label, t in core["tasks"].items()}})
     # every rank samples the same tokens (a seeded generator of its own: training's RNG is untouched)

@@ -282,6 +282,16 @@ def test_a_bundle_made_for_timing_says_its_core_means_nothing(tmp_path, bundle, 
                           "is downloaded)"] if noted else []), out
         if noted:
             assert out[-2].startswith("CORE "), out  # the NOTE right under the score
+    import train_gpt2  # its --eval_only says the same, right under the score
+    (tmp_path / "t.txt").write_text(open(os.path.join(ROOT, "input.txt"), encoding="utf-8").read(20_000))
+    assert train_gpt2.main(["--device=cpu", "--eval_only=True", f"--init_from={ckpt}", f"--data_root={tmp_path / 't.txt'}",
+                            "--core=3", f"--core_bundle={made}", "--T=32", "--B=4", "--total_batch_size=128",
+                            "--val_tokens=128", f"--log_dir={tmp_path / 'eval'}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if ": CORE " in line)
+    assert out[at + 1] == (f"NOTE: {made} was made by dev/make_core_bundle.py to time CORE's shapes from local "
+                           "files, not DCLM's data: this CORE means nothing (without --core_bundle, DCLM's is "
+                           "downloaded)"), out
     yaml_path = os.path.join(made, "core.yaml")
     with open(yaml_path, encoding="utf-8") as f:
         first, rest = f.read().split("\n", 1)
