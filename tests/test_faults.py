@@ -159,6 +159,22 @@ def test_a_log_dir_that_cannot_be_written_is_one_line_before_anything_is_built(t
     assert str(e.value).endswith("make it writable or choose another --log_dir")
 
 
+def test_a_log_dir_the_os_refuses_is_one_line_without_a_note_on_its_disk(tmp_path, monkeypatch, capsys, text):
+    """A log_dir whose parent looks writable but refuses it (/proc/x: the disk of /proc has 0 bytes free): one
+    line, and no NOTE about the free space of a disk it is not on (its room is checked once it exists)."""
+    makedirs = os.makedirs
+
+    def refused(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "x")):
+            raise OSError(errno.ENOENT, "No such file or directory")
+        return makedirs(path, *args, **kwargs)
+    monkeypatch.setattr(os, "makedirs", refused)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(0, 0, 0))  # as /proc's
+    with pytest.raises(UserError, match=r"--log_dir=.*x cannot be written \(No such file or directory\)"):
+        train_gpt2.main(TINY + [f"--data_root={text}", f"--log_dir={tmp_path / 'x'}"])
+    assert "free on the disk" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_the_slurm_script_checkpoints_and_requeues_before_the_time_limit(tmp_path, text):
     """train_gpt2.sbatch with stand-ins for srun, scancel and scontrol (scancel signals every process of the
