@@ -178,13 +178,10 @@ class DataLoaderLite:
 
     def __init__(self, B, T, process_rank=0, num_processes=1, split="train", data_root="edu_fineweb10B",
                  shuffle=False, seed=0):
-        for name, v in (("B", B), ("T", T), ("num_processes", num_processes)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"DataLoaderLite: {name}={v!r} must be a positive integer")
-        if not 0 <= process_rank < num_processes:
-            raise ValueError(f"DataLoaderLite: process_rank={process_rank} must be in [0, {num_processes})")
-        if split not in ("train", "val"):
-            raise ValueError(f"DataLoaderLite: split={split!r} must be 'train' or 'val'")
+        if not (all(isinstance(v, int) and v >= 1 for v in (B, T, num_processes))
+                and 0 <= process_rank < num_processes and split in ("train", "val")):
+            raise ValueError(f"DataLoaderLite: B={B!r} and T={T!r} must be positive integers, process_rank="
+                             f"{process_rank} in [0, num_processes={num_processes}), split={split!r} train or val")
         self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
         self.shuffle, self.seed = shuffle, seed
         self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)

@@ -117,12 +117,11 @@ def main(argv=None):
     hold_log_dir(given.get("log_dir", CONFIG["log_dir"]), rt)  # one run at a time per log_dir
     s, resume, origin = settings.resolve(Settings, given, rt)  # presets or the run's own settings, checks, fits
     if resume is not None and resume.finished and not resume.unevaluated:
+        print0(resume.said)
         return 0
     run = start_run(s, rt, resume, origin)  # model, data, optimizers, log
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
-        with run.log:
-            evaluate(run)
-        return 0
+        return evaluate_only(run)
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
 
     # ---------------------------------------------------------------------------------------- training loop
@@ -165,9 +164,7 @@ def main(argv=None):
                 evaluate_or_stop(run, run.last_checkpoint if saved else None)
             run.clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
-                print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
-                       f"resume")
-                return 128 + stop
+                return stopped(stop, step)
     if rt.master:  # finished: what ran and what it reached, from the log alone
         print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
                f"again)")
@@ -315,19 +312,7 @@ def log_start(run):
     differs = {k: v for k, v in config.items() if v != CONFIG[k]}
     print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
-    if s.eval_only:  # nothing trained: what one evaluation reads
-        print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
-               f"HellaSwag examples; device {rt.device}")
-    else:
-        loader = run.train_loader
-        print0(f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
-               f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)")
-        for name, tokens in loader.skipped:  # a corpus's short last shard
-            print0(f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "
-                   f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on")
-        mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
-        print0(f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x {plural(rt.world_size, 'process', 'processes')} x "
-               f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}")
+    print0(eval_line(run) if s.eval_only else data_lines(run))
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
              "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
              "notes": run.origin["notes"], "source": run.origin["source"], "time": time.time(),
@@ -398,6 +383,26 @@ def save(run):
 # ------------------------------------------------------------------------------------------------------------
 # stopping: the failures that name their fix (what every rank agrees on after a step: runtime.agree)
 
+def eval_line(run):
+    """log_start's line of an evaluation: what it reads."""
+    s = run.s
+    return (f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} HellaSwag "
+            f"examples; device {run.rt.device}")
+
+
+def data_lines(run):
+    """log_start's lines of a training run: its data and its batch."""
+    s, rt, loader = run.s, run.rt, run.train_loader
+    lines = [f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
+             f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)"]
+    lines += [f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "  # a corpus's tail
+              f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on" for name, tokens in loader.skipped]
+    mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
+    return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
+                              f"{plural(rt.world_size, 'process', 'processes')} x "
+                              f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}"])
+
+
 def memory_line(run):
     """The batch line's end on a GPU: the training memory a process is estimated to need, and FSDP's shards."""
     s, rt = run.s, run.rt
@@ -411,6 +416,12 @@ def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""
     s = dataclasses.asdict(run.s)
     return settings.memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
+
+
+def stopped(stop, step):
+    """A stop signal's exit status, 128 + signal, said."""
+    print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to resume")
+    return 128 + stop
 
 
 def resume_hint(run):
@@ -523,6 +534,13 @@ def evaluate(run):
         print0(f"sample: {text!r}")
     run.log.log(records + [{"step": run.step, "samples": samples}])
     models.eval_model.train()
+
+
+def evaluate_only(run):
+    """eval_only: init_from's model evaluated once and logged; exit status 0."""
+    with run.log:
+        evaluate(run)
+    return 0
 
 
 def evaluate_or_stop(run, checkpoint):

@@ -215,13 +215,7 @@ def setup(device="auto", dtype="auto", timeout=None):
     (use_gpu), the process groups under torchrun (join). A device or dtype that cannot work here is a
     UserError."""
     distributed = "RANK" in os.environ
-    if distributed and "WORLD_SIZE" not in os.environ:
-        raise UserError("RANK is set but WORLD_SIZE is not: launch with torchrun (or set WORLD_SIZE, "
-                        "MASTER_ADDR and MASTER_PORT as well)")
-    # launchers that start one process a node (Kubeflow's PyTorchJob) set RANK and WORLD_SIZE, not LOCAL_RANK
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    rt = Runtime(*((int(os.environ["RANK"]), local_rank, int(os.environ["WORLD_SIZE"])) if distributed
-                   else (0, 0, 1)), distributed)
+    rt = torchrun_ranks() if distributed else Runtime()
     rt.kind = rt.device = pick_device(device)
     # torchrun starts LOCAL_WORLD_SIZE processes on this node: each takes its share of the cores it may use
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux
@@ -244,6 +238,16 @@ def setup(device="auto", dtype="auto", timeout=None):
     if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
         rt.memory = min(all_gather(rt.memory))
     return rt
+
+
+def torchrun_ranks():
+    """setup()'s Runtime under torchrun: its RANK, LOCAL_RANK and WORLD_SIZE."""
+    if "WORLD_SIZE" not in os.environ:
+        raise UserError("RANK is set but WORLD_SIZE is not: launch with torchrun (or set WORLD_SIZE, "
+                        "MASTER_ADDR and MASTER_PORT as well)")
+    # launchers that start one process a node (Kubeflow's PyTorchJob) set RANK and WORLD_SIZE, not LOCAL_RANK
+    return Runtime(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
+                   distributed=True)
 
 
 def use_gpu(rt, dtype):

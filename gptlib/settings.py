@@ -98,15 +98,8 @@ def resolve(Settings, given, rt):
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
     found = checkpoints(log_dir)
-    if not found and glob.glob(os.path.join(log_dir, "model_*.pt.damaged")):  # none verified: not a fresh start
-        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy under its "
-                        "model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
-    if found and given.get("eval_only", block["eval_only"]):
-        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
-                        "its own (--log_dir=NEW)")
-    if found and given.get("init_from") == "scratch":  # a second run's checkpoints would mix with the first's
-        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with --log_dir=NEW, "
-                        "or drop --init_from=scratch to continue that one")
+    if found or glob.glob(os.path.join(log_dir, "model_*.pt.damaged")):
+        refuse_into(log_dir, found, given, block)
     resume = read_newest(log_dir, rt) if found else None
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
                           continued(block, resume.meta, given, log_dir))
@@ -120,10 +113,21 @@ def resolve(Settings, given, rt):
     notes += [] if resume is None else changes(resume, s, source, rt)
     for note in notes:
         print0(f"NOTE: {note}")
-    if resume is not None and resume.finished and not resume.unevaluated:
-        print0(f"the run in {log_dir} is already finished at step {resume.step} (max_steps={s.max_steps}): "
-               f"nothing to do. Raise --max_steps to train further, or start afresh with --log_dir=NEW")
     return s, resume, {"notes": notes, "source": source, "block": block}
+
+
+def refuse_into(log_dir, found, given, block):
+    """A UserError where this command cannot go into log_dir, which holds a run's checkpoints (found) or only
+    damaged ones: a fresh start (it would mix its checkpoints with the run's) or an evaluation."""
+    if not found:  # none verified, each moved aside: a rerun must not start afresh over the run
+        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy under its "
+                        "model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+    if given.get("eval_only", block["eval_only"]):
+        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of its "
+                        "own (--log_dir=NEW)")
+    if given.get("init_from") == "scratch":
+        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with --log_dir=NEW, "
+                        "or drop --init_from=scratch to continue that one")
 
 
 def first_start(block, given, rt):
@@ -214,6 +218,10 @@ def changes(resume, s, source, rt):
     # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
     at_eval = resume.step % s.eval_interval == 0 or resume.finished
     resume.unevaluated = at_eval and not resume.meta["evaluated"]
+    if resume.finished and not resume.unevaluated:  # said after the NOTEs
+        resume.said = (f"the run in {s.log_dir} is already finished at step {resume.step} (max_steps="
+                       f"{s.max_steps}): nothing to do. Raise --max_steps to train further, or start afresh "
+                       "with --log_dir=NEW")
     saved, now = resume.meta["config"], dataclasses.asdict(s)
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source.get(k, 'this machine')})" for k, v in now.items()
                if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
@@ -414,21 +422,23 @@ def parse_overrides(argv, Settings, script):
             close = difflib.get_close_matches(key, block, n=1) or [k for k in block if key in k.split("_")]
             hint = f"; did you mean --{close[0]}?" if close else " (python train_gpt2.py --help lists them)"
             raise UserError(f"unknown setting {key!r}{hint}")
-        kind = type(block[key])
         try:
-            if kind is bool:
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                overrides[key] = value.lower() in ("true", "1")
-            elif kind is int:  # also 1e8 or 5.24288e5, as long as it is a whole number
-                if not float(value).is_integer():
-                    raise ValueError
-                overrides[key] = int(float(value))
-            else:
-                overrides[key] = kind(value)
+            overrides[key] = convert(value, type(block[key]))
         except ValueError:
-            raise UserError(f"--{key}={value!r} is not {KINDS[kind]} (default: {block[key]!r})") from None
+            raise UserError(f"--{key}={value!r} is not {KINDS[type(block[key])]} (default: {block[key]!r})") from None
     return absolute(overrides)
+
+
+def convert(value, kind):
+    """A flag's text as its setting's type: True/False/1/0 for a bool, a whole number (also 1e8) for an int;
+    ValueError if it is not one."""
+    if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(value)
+        return value.lower() in ("true", "1")
+    if kind is int and not float(value).is_integer():
+        raise ValueError(value)
+    return int(float(value)) if kind is int else kind(value)
 
 
 def absolute(values):

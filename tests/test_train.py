@@ -295,7 +295,7 @@ def test_what_a_resume_may_change():
     cfg, _, _ = settings.continued(block, {"config": saved}, {}, "log")  # written before blocks were kept
     assert cfg == saved
     s = train_gpt2.Settings(**dict(cfg, B=2, embed_lr=0.2, max_lr=1e-3, device="cpu", dtype="fp32"))
-    resume = SimpleNamespace(meta={"config": saved, "world_size": 2}, step=0)
+    resume = SimpleNamespace(meta={"config": saved, "world_size": 2, "evaluated": True}, step=0)
     said = settings.changes(resume, s, {"B": "a fit to 1 process", "embed_lr": "this command"}, Runtime())
     assert said[0] == ("changed since the checkpoint: B 4 -> 2 (a fit to 1 process), max_lr 0.01 -> 0.001 "
                        "(this machine), embed_lr 0.01 -> 0.2 (this command)")
