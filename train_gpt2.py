@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
-from gptlib.accounting import mfu, peak_flops
+from gptlib.accounting import memory_estimate, mfu, micro_batches, peak_flops
 from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, plural, say
@@ -415,7 +415,7 @@ def memory_line(run):
 def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""
     s = dataclasses.asdict(run.s)
-    return settings.memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
+    return memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
 
 
 def stopped(stop, step):
@@ -463,7 +463,7 @@ def failure_hints(run):
 def out_of_memory(run):
     """The line of running out of GPU memory in a step or a checkpoint: the B to try."""
     s, rt = run.s, run.rt
-    smaller = [b for b in settings.micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
+    smaller = [b for b in micro_batches(s.total_batch_size, s.T, rt.world_size) if b < s.B]
     of = f" of the GPU's {rt.memory / 2**30:.1f} GiB" if rt.memory else ""
     fix = (f"try --B={smaller[0]} (gradient accumulation keeps total_batch_size)" if smaller else
            "B=1 already: try --grad_checkpoint=True, or --fsdp=True over more GPUs")

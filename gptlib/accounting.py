@@ -130,3 +130,17 @@ def training_memory(config, B, T, dtype="bf16", shards=1, compiled=False):
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def memory_estimate(config, s, rt, B):
+    """accounting.py's training memory per process in bytes at micro-batch B, for model config and settings s
+    (a dict): the dtype, FSDP's shards and whether the step is compiled."""
+    return training_memory(config, B, s["T"], rt.dtype, rt.world_size if s["fsdp"] else 1,
+                           compiled=s["compile"])["total"]
+
+
+def micro_batches(total_batch_size, T, world_size):
+    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
+    first."""
+    rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
+    return [b for b in range(rows, 0, -1) if rows % b == 0]

@@ -5,6 +5,7 @@ and exit 1. Anything else is a bug and keeps its traceback. No torch here: finew
 it too.
 """
 import argparse
+import ast
 import math
 import os
 import sys
@@ -92,6 +93,26 @@ class Help(argparse.RawDescriptionHelpFormatter):
 def command_line(doc):
     """The command-line parser of an entry point, its --help opening with the module's docstring `doc`."""
     return Parser(description=doc, formatter_class=Help)
+
+
+def block_help(script, block, ranges):
+    """train_gpt2.py's --help: its docstring, then each setting with its default (block), the comments beside
+    or above it in its settings block (so it cannot drift from it) and its valid range, if in ranges."""
+    with open(script, encoding="utf-8") as f:
+        source = f.read()
+    lines, above = [], []
+    for line in source.split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]:
+        code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
+        if not code:
+            above.append(comment)
+            continue
+        name = code.split(" = ")[0]
+        valid = f" ({valid_range(*ranges[name])})" if name in ranges else ""
+        lines.append(f"  --{name}={block[name]!r}".ljust(34) + " ".join(above + [comment]).strip() + valid)
+        above = []
+    name = os.path.basename(script)
+    return (f"{ast.get_docstring(ast.parse(source)).strip()}\n\nSettings (--name=value or --name value; the "
+            f"defaults are the settings block at the top of {name}):\n" + "\n".join(lines))
 
 
 def first_line(e):

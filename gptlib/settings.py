@@ -1,17 +1,11 @@
-"""What a run runs, decided once at start-up in one pass (resolve), before any model is built: one frozen
-Settings, which the log records with where each setting came from. checkpoint.py reads and writes the run's
-files; this module decides.
+"""What a run runs, decided once at start-up in one pass (resolve), before any model is built, into one frozen
+Settings; where each setting came from is recorded as it is decided. checkpoint.py reads the run's files.
 
-The rule (docs/training.md, "What runs"). A first start runs the settings block at the top of train_gpt2.py,
-then a preset where one applies (a --size, a --recipe, input.txt's settings, the laptop's without a CUDA GPU
-or shards), then this command's --name=value flags; the preset is printed in one line, and a shape the
-command names (n_layer, n_head, n_kv_head, n_embd, or a size) is that shape, whole. A resume runs the
-settings its newest checkpoint saved, with what changed since: the block's lines edited since the command
-that wrote it, then this command's flags. A change to what a resume cannot change (the model, the data
-stream, the optimizer: FIXED) is refused first, in one line; every other change is applied and said. Then the
-checks (a UserError naming the fix) and the fits to this machine, each a NOTE.
+The rule (docs/training.md, "What runs"): a first start runs the settings block, then the presets that apply,
+then this command's flags (first_start); a resume runs its checkpoint's settings with the block's lines edited
+since and this command's flags, and refuses first what it cannot change (continued). Then the checks
+(validate) and the fits to this machine (fit), each a NOTE.
 """
-import ast
 import dataclasses
 import difflib
 import glob
@@ -22,8 +16,9 @@ import torch
 
 from dataloader import missing_data_root, split_rows
 from gptlib import runtime
+from gptlib.accounting import memory_estimate, micro_batches
 from gptlib.checkpoint import checkpoints, model_config, read_newest
-from gptlib.errors import UserError, check_range, plural, valid_range
+from gptlib.errors import UserError, block_help, check_range, plural
 from gptlib.optimizers import get_lr
 from gptlib.runtime import print0
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
@@ -33,25 +28,22 @@ from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 RECIPES = {"gpt2": {}, "modern": dict(rotary=True, qk_norm=True, relu2=True, untied_head=True, zero_init=True,
                                       rmsnorm=True, embed_norm=True, optimizer="muon", max_lr=6e-3,
                                       embed_lr=0.004, head_lr=0.004)}
-PEAK_LR = {"124M": 6e-4, "350M": 3e-4, "774M": 2.5e-4, "1558M": 2e-4}  # GPT-3's table, for those model sizes
-SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": PEAK_LR[name]}
-         for name, shape in GPT2_SIZES.items()}
+SIZES = {name: {**shape, "n_kv_head": shape["n_head"], "max_lr": lr}  # GPT-3's peak rates for those sizes
+         for (name, shape), lr in zip(GPT2_SIZES.items(), (6e-4, 3e-4, 2.5e-4, 2e-4))}
 SHAPE = ("n_layer", "n_head", "n_kv_head", "n_embd")  # named on the command line, the presets' go whole
 FINEWEB_DIR = "edu_fineweb10B"  # the shipped data_root: only this one falls back to input.txt when missing
 SHAKESPEARE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "input.txt")
 SHAKESPEARE_CONFIG = dict(  # input.txt is ~300k tokens: small steps (its 10% val split must hold one)
     total_batch_size=4096, B=8, T=256, max_steps=300, warmup_steps=30, eval_interval=100, val_tokens=32768,
     checkpoint_interval=300)
-LAPTOP = dict(  # without a CUDA GPU (a CPU, an Apple GPU): the modern recipe, 4 x 64, 150 steps: the best
-    # held-out bpb that ran in less than nanoGPT's laptop recipe's time on 2 cores (dev/cpu_sweep.py);
-    # validated once, at the end, on the whole of input.txt's validation split (256 rows of 128)
+LAPTOP = dict(  # without a CUDA GPU: the best held-out bpb in less than nanoGPT's laptop time on 2 cores
+    # (dev/cpu_sweep.py), validated once, at the end, on the whole of input.txt's validation split
     recipe="modern", total_batch_size=2048, B=16, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64,
     warmup_steps=20, max_steps=150, eval_interval=150, val_tokens=32768, hellaswag=0, checkpoint_interval=150,
     compile=False, log_interval=1)
 CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate of each recipe
-# What a resume cannot change, with the model's fields (model_fields): the presets that chose them, the weights
-# it started from, the optimizer, and the data stream (B and the number of processes may change: the loader
-# continues at the same row)
+# What a resume cannot change, with the model's fields (model_fields): the presets and weights that chose
+# them, the optimizer, the data stream (B and the processes may change: the loader goes on at its row)
 FIXED = ("size", "recipe", "init_from", "optimizer", "data_root", "T", "total_batch_size", "shuffle", "seed")
 TRAINING = ("grad_checkpoint",)  # GPTConfig fields of how the model trains, not what it computes
 PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # settings naming files, from the cwd
@@ -64,7 +56,6 @@ RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_s
                                           "seed", "eval_B", "core")},
           **{k: (None, None, 0) for k in ("max_lr", "muon_lr", "grad_clip", "loss_scale")},
           "vocab_size": (GPT2_VOCAB, None, None), "min_lr_ratio": (0, 1, None)}  # vocab: GPT-2's tokens fit
-KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text"}
 
 
 def settings_type(block):
@@ -92,9 +83,8 @@ def model_shape(s):
 # the whole decision, in order
 
 def resolve(Settings, given, rt):
-    """(settings, resume, origin) of this command's flags (given) on this runtime: resume, the run in log_dir
-    to continue (checkpoint.Resume) or None; origin, for the log and checkpoints: the NOTEs (each printed),
-    where each setting came from ({name: where}, the block's left out) and the block that ran."""
+    """(settings, resume: the run in log_dir to continue or None, origin: the NOTEs, each printed, where each
+    setting came from ({name: where}, the block's left out) and the block that ran, for the log)."""
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
     found = checkpoints(log_dir)
@@ -117,17 +107,17 @@ def resolve(Settings, given, rt):
 
 
 def refuse_into(log_dir, found, given, block):
-    """A UserError where this command cannot go into log_dir, which holds a run's checkpoints (found) or only
-    damaged ones: a fresh start (it would mix its checkpoints with the run's) or an evaluation."""
+    """A UserError for what cannot go into a log_dir that holds a run (found: its checkpoints; none: only
+    damaged ones): a fresh start, whose checkpoints would mix with the run's, or an evaluation."""
     if not found:  # none verified, each moved aside: a rerun must not start afresh over the run
-        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy under its "
-                        "model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
+                        "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
     if given.get("eval_only", block["eval_only"]):
-        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of its "
-                        "own (--log_dir=NEW)")
+        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
     if given.get("init_from") == "scratch":
-        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with --log_dir=NEW, "
-                        "or drop --init_from=scratch to continue that one")
+        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with "
+                        "--log_dir=NEW, or drop --init_from=scratch to continue that one")
 
 
 def first_start(block, given, rt):
@@ -164,38 +154,37 @@ def first_start(block, given, rt):
     preset, source = {}, {}
     for name, values in presets:
         for k, v in values.items():
-            if k not in given and k not in held and not (shaped and k in SHAPE and not name.startswith("--size")):
+            whole = shaped and k in SHAPE and not name.startswith("--size")  # the command's shape, whole
+            if k not in given and k not in held and not whole:
                 preset[k], source[k] = v, f"the preset {name.split(' (')[0]}"
     preset = {k: v for k, v in preset.items() if v != block[k]}
     source = {**{k: source[k] for k in preset}, **dict.fromkeys(given, "this command")}
-    notes = [f"presets {'; '.join(name for name, _ in presets)}: "
-             + ", ".join(f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
-    cfg = {**absolute(block), **preset, **given}
-    return cfg, source, notes
+    notes = [f"presets {'; '.join(name for name, _ in presets)}: " + ", ".join(
+        f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
+    return {**absolute(block), **preset, **given}, source, notes
 
 
 def weights_shape(cfg, source, given, fields):
     """cfg (in place) with the model fields of the weights it starts from; one the command names that differs
     is a UserError, as is a T beyond their positions."""
-    config = model_config(cfg["init_from"], "--init_from")
+    config, origin = model_config(cfg["init_from"], "--init_from"), cfg["init_from"]
     differ = [k for k in fields if k in given and given[k] != config[k]]
     if differ:
-        raise UserError(f"{', '.join(f'{k}={given[k]}' for k in differ)} (this command), but {cfg['init_from']} "
-                        f"has {', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
+        raise UserError(f"{', '.join(f'{k}={given[k]}' for k in differ)} (this command), but {origin} has "
+                        f"{', '.join(f'{k}={config[k]}' for k in differ)}: the weights decide the model's "
                         f"shape; drop {'them' if len(differ) > 1 else 'it'}, or start from scratch")
     if cfg["T"] > config["block_size"]:
-        raise UserError(f"T={cfg['T']}, but {cfg['init_from']} has {config['block_size']} positions "
-                        f"(block_size): use --T={config['block_size']} or less")
+        raise UserError(f"T={cfg['T']}, but {origin} has {config['block_size']} positions (block_size): use "
+                        f"--T={config['block_size']} or less")
     source.update(dict.fromkeys((k for k in fields if config[k] != cfg[k]), "the weights"))
     cfg.update({k: config[k] for k in fields})
 
 
 def continued(block, meta, given, log_dir):
-    """(cfg, source, notes) of a resume: the settings the run's newest checkpoint saved, with the block's
-    lines edited since the command that wrote it and this command's flags; a change to what a resume cannot
-    change is one UserError, listing each, before anything else is checked."""
+    """(cfg, source, notes) of a resume: its checkpoint's settings, the block's lines edited since and this
+    command's flags; what it cannot change, one UserError listing each."""
     saved = {**block, **absolute({k: v for k, v in meta["config"].items() if k in block})}
-    ran = meta.get("block", block)  # the block of the command that wrote it (none: a checkpoint before 2026-11-28)
+    ran = meta.get("block", block)  # the block of the command that wrote it (older checkpoints: none)
     edited = {k: v for k, v in block.items() if k in ran and ran[k] != v}
     cfg = {**saved, **absolute(edited), **given}
     if cfg["init_from"] == "resume":  # the run's own origin
@@ -212,8 +201,8 @@ def continued(block, meta, given, log_dir):
 
 
 def changes(resume, s, source, rt):
-    """The NOTEs of what this start changes in the run it resumes, each with where the change came from;
-    whether the run is finished and whether its checkpoint's evaluation is missing (resume, in place)."""
+    """The NOTEs of what this start changes in the run it resumes, with where each came from; whether it is
+    finished or its checkpoint's evaluation missing (resume, in place)."""
     resume.finished = resume.step >= s.max_steps
     # a step's checkpoint is written before its evaluation: an evaluation that failed is done first
     at_eval = resume.step % s.eval_interval == 0 or resume.finished
@@ -227,13 +216,16 @@ def changes(resume, s, source, rt):
                if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
     if resume.meta["world_size"] != rt.world_size:
-        notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> {rt.world_size}")
-    moved = {k: saved[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps") if saved.get(k, now[k]) != now[k]}
-    lr_was, lr_now = (get_lr(resume.step, x.max_lr, x) for x in (dataclasses.replace(s, **moved), s))
-    if not math.isclose(lr_was, lr_now, rel_tol=0.01):
-        notes.append(f"the learning rate of step {resume.step + 1} is {lr_now:.2e} on the new schedule, {lr_was:.2e} "
-                     f"on the run's ({', '.join(f'{k} {v} -> {now[k]}' for k, v in moved.items())}): "
-                     + ("it jumps up, then decays to the new end" if lr_now > lr_was else "it drops"))
+        notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> "
+                     f"{rt.world_size}")
+    moved = {k: saved[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")
+             if saved.get(k, now[k]) != now[k]}
+    was, new = (get_lr(resume.step, x.max_lr, x) for x in (dataclasses.replace(s, **moved), s))
+    if not math.isclose(was, new, rel_tol=0.01):
+        schedule = ", ".join(f"{k} {v} -> {now[k]}" for k, v in moved.items())
+        notes.append(f"the learning rate of step {resume.step + 1} is {new:.2e} on the new schedule, "
+                     f"{was:.2e} on the run's ({schedule}): "
+                     + ("it jumps up, then decays to the new end" if new > was else "it drops"))
     return notes
 
 
@@ -241,13 +233,12 @@ def changes(resume, s, source, rt):
 # the checks, and the fits to this machine
 
 def validate(cfg, rt):
-    """The first setting that cannot work is a UserError naming the fix, raised before any model or log_dir
-    exists (one that works but is likely a mistake gets its NOTE in fit)."""
+    """The first setting that cannot work: a UserError naming the fix, before any model or log_dir exists."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
     if set(filter(None, cfg["tracker"].split(","))) - {"tensorboard", "wandb"}:
-        raise UserError(f"--tracker={cfg['tracker']!r}: use tensorboard or wandb, both as tensorboard,wandb, or "
-                        "\"\" for none")
+        raise UserError(f"--tracker={cfg['tracker']!r}: use tensorboard or wandb, both as tensorboard,wandb, "
+                        "or \"\" for none")
     if cfg["fsdp"]:
         validate_fsdp(cfg, rt)
     if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
@@ -282,9 +273,8 @@ def validate_fsdp(cfg, rt):
 
 
 def fit(cfg, source, given, rt):
-    """The NOTEs of fitting cfg (in place) to this machine: B to whole micro-steps on these processes and to
-    the GPU's memory (unless this command named it), val_tokens to the validation split, compile to what
-    works here; and of settings that work but are likely a mistake."""
+    """The NOTEs of fitting cfg (in place) to this machine: B to the processes and the GPU's memory,
+    compile to what works here, val_tokens to the validation split; and of a likely mistake."""
     notes = []
     if cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
         notes += fit_batch(cfg, source, given, rt)
@@ -293,27 +283,29 @@ def fit(cfg, source, given, rt):
     if cfg["compile"]:
         notes += fit_compile(cfg, source, rt)
     if cfg["val_tokens"] < cfg["T"]:  # no whole row: the loss would be the mean of nothing
-        raise UserError(f"--val_tokens={cfg['val_tokens']} is less than one row of T={cfg['T']} tokens: give "
-                        f"at least {cfg['T']}")
+        raise UserError(f"--val_tokens={cfg['val_tokens']} is less than one row of T={cfg['T']} tokens: "
+                        f"give at least {cfg['T']}")
     rows = split_rows(cfg["data_root"], "val", cfg["T"])
     if rows == 0:  # nothing to evaluate on: stop before saying what would be evaluated
         raise UserError(f"the validation split of {cfg['data_root']} holds no row of T+1 = {cfg['T'] + 1} "
                         "tokens: lower T, or give it more text")
     if cfg["val_tokens"] // cfg["T"] > rows:
-        notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {plural(rows, 'row')} of "
-                     f"{cfg['T']} tokens: evaluating on those, once each")
+        notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {plural(rows, 'row')} "
+                     f"of {cfg['T']} tokens: evaluating on those, once each")
         cfg["val_tokens"], source["val_tokens"] = rows * cfg["T"], "the validation split"
     if cfg["warmup_steps"] >= cfg["max_steps"] and not cfg["eval_only"]:
-        notes.append(f"warmup_steps={cfg['warmup_steps']} >= max_steps={cfg['max_steps']}: the learning rate "
-                     f"climbs for the whole run and never reaches max_lr={cfg['max_lr']:g} (lower --warmup_steps)")
+        notes.append(f"warmup_steps={cfg['warmup_steps']} >= max_steps={cfg['max_steps']}: the learning "
+                     f"rate climbs for the whole run and never reaches max_lr={cfg['max_lr']:g} (lower "
+                     "--warmup_steps)")
     return notes
 
 
 def fit_batch(cfg, source, given, rt):
-    """fit()'s B that does not divide total_batch_size into whole micro-steps: lowered to the largest that
-    does, unless this command named it (a UserError)."""
-    fits, where = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size), plural(rt.world_size, "process", "processes")
-    whole = f"total_batch_size={cfg['total_batch_size']:,} into whole micro-steps of {cfg['T']} tokens x {where}"
+    """fit()'s B that does not divide the batch: the largest that does (this command's: a UserError)."""
+    fits = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+    where = plural(rt.world_size, "process", "processes")
+    whole = (f"total_batch_size={cfg['total_batch_size']:,} into whole micro-steps of {cfg['T']} tokens x "
+             f"{where}")
     if "B" in given:
         raise UserError(f"--B={cfg['B']} does not divide {whole}: use one of {', '.join(map(str, fits[:6]))}")
     b = next(b for b in fits if b <= cfg["B"])  # the largest B that keeps the batch whole
@@ -333,12 +325,11 @@ def fit_compile(cfg, source, rt):
 
 
 def fit_memory(cfg, source, given, rt, config):
-    """The NOTE of checking B against the GPU's memory by accounting.py's estimate of the step that runs
-    (compiled or eager): a B that does not fit is lowered to the largest that does and keeps total_batch_size
-    whole (more accumulation steps), unless this command named it: then the NOTE warns."""
+    """fit()'s B against the GPU's memory by accounting.py's estimate of the step that runs: one that does not
+    fit is lowered to the largest that does (more accumulation steps), unless this command named it."""
     budget = 0.9 * rt.memory  # the rest: CUDA context, NCCL buffers, allocator slack
-    need = {b: memory_estimate(config, cfg, rt, b) for b in micro_batches(cfg["total_batch_size"], cfg["T"],
-                                                                          rt.world_size)}
+    sizes = micro_batches(cfg["total_batch_size"], cfg["T"], rt.world_size)
+    need = {b: memory_estimate(config, cfg, rt, b) for b in sizes}
     if need[cfg["B"]] <= budget:
         return []
     fits = next((b for b in need if b < cfg["B"] and need[b] <= budget), None)
@@ -353,62 +344,24 @@ def fit_memory(cfg, source, given, rt, config):
     return [f"{said}: using B={fits}, the largest that fits (set --B to choose)"]
 
 
-def memory_estimate(config, s, rt, B):
-    """accounting.py's training memory per process in bytes at micro-batch B, for model config and settings s
-    (a dict): the dtype, FSDP's shards and whether the step is compiled."""
-    from gptlib.accounting import training_memory
-    return training_memory(config, B, s["T"], rt.dtype, rt.world_size if s["fsdp"] else 1,
-                           compiled=s["compile"])["total"]
-
-
-def micro_batches(total_batch_size, T, world_size):
-    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
-    first."""
-    rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
-    return [b for b in range(rows, 0, -1) if rows % b == 0]
-
-
 # ------------------------------------------------------------------------------------------------------------
 # the command line, and --help from the settings block
 
 def runtime_options(Settings, given):
-    """runtime.setup's arguments, which setting up the processes needs before anything else: this machine's
-    device, dtype and collective timeout (the block's, or this command's)."""
+    """runtime.setup's arguments, needed first: this machine's device, dtype and collective timeout."""
     asked = {**block_of(Settings), **given}
     check_range("--collective_timeout", asked["collective_timeout"], *RANGES["collective_timeout"])
     return dict(device=asked["device"], dtype=asked["dtype"], timeout=asked["collective_timeout"])
 
 
-def settings_help(Settings, script):
-    """--help: the script's docstring, then each setting with its default and the comments beside or above it,
-    read from the settings block of the script (so it cannot drift from it)."""
-    with open(script, encoding="utf-8") as f:
-        source = f.read()
-    block = source.split("# settings:", 1)[1].split("\n# ---", 1)[0].splitlines()[1:]
-    lines, above, block_defaults = [], [], block_of(Settings)
-    for line in block:
-        code, _, comment = line.partition("  # ") if not line.startswith("#") else ("", "", line[2:])
-        if not code:
-            above.append(comment)
-            continue
-        name = code.split(" = ")[0]
-        valid = f" ({valid_range(*RANGES[name])})" if name in RANGES else ""
-        lines.append(f"  --{name}={block_defaults[name]!r}".ljust(34) + " ".join(above + [comment]).strip()
-                     + valid)
-        above = []
-    name = os.path.basename(script)
-    return (f"{ast.get_docstring(ast.parse(source)).strip()}\n\nSettings (--name=value or --name value; the "
-            f"defaults are the settings block at the top of {name}):\n" + "\n".join(lines))
-
-
 def parse_overrides(argv, Settings, script):
-    """{name: value} of the command line's --name=value (or --name value) pairs, each checked against the
-    settings' names and converted to its type; --help prints the settings and exits."""
+    """{name: value} of the command line's --name=value (or --name value) pairs, each a setting's name and of
+    its type; --help prints the settings and exits."""
     block, overrides, argv = block_of(Settings), {}, list(argv)
     while argv:
         arg = argv.pop(0)
         if arg in ("-h", "--help"):
-            print(settings_help(Settings, script))
+            print(block_help(script, block, RANGES))
             raise SystemExit(0)
         if not arg.startswith("--") or arg == "--":
             raise UserError(f"expected --name=value, got {arg!r} (python train_gpt2.py --help lists the "
@@ -425,13 +378,13 @@ def parse_overrides(argv, Settings, script):
         try:
             overrides[key] = convert(value, type(block[key]))
         except ValueError:
-            raise UserError(f"--{key}={value!r} is not {KINDS[type(block[key])]} (default: {block[key]!r})") from None
+            kind = {bool: "True or False", int: "a whole number"}.get(type(block[key]), "a number")  # str: any
+            raise UserError(f"--{key}={value!r} is not {kind} (default: {block[key]!r})") from None
     return absolute(overrides)
 
 
 def convert(value, kind):
-    """A flag's text as its setting's type: True/False/1/0 for a bool, a whole number (also 1e8) for an int;
-    ValueError if it is not one."""
+    """A flag's text as its setting's type (a bool: True/False/1/0; an int: a whole number, 1e8 too)."""
     if kind is bool:
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(value)
@@ -442,8 +395,6 @@ def convert(value, kind):
 
 
 def absolute(values):
-    """values with each path setting that names an existing file or folder made absolute: a path is relative
-    to the folder the command runs from, and a resume may run from another (the checkpoints record the file
-    itself)."""
+    """values with each path naming an existing file or folder made absolute (a resume may run elsewhere)."""
     return {k: os.path.abspath(v) if k in PATHS and v not in ("", "scratch", "resume") and os.path.exists(v)
             else v for k, v in values.items()}

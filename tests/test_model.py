@@ -11,7 +11,7 @@ import torch
 
 from conftest import MODERN as MODERN_OPTIONS, ROOT, assert_one_line_error, build, script, tiny, trained_modern
 from gptlib import hf_gpt2
-from gptlib.accounting import count_params, flops_per_token, mfu, peak_flops, training_memory
+from gptlib.accounting import count_params, flops_per_token, memory_estimate, mfu, peak_flops, training_memory
 from gptlib.engine import Engine
 from gptlib.errors import UserError
 from gptlib.optimizers import make_optimizers, role_peaks
@@ -575,7 +575,7 @@ def test_the_micro_batch_fits_the_step_that_runs(gb, compiled, B):
         kept = dict(s)
         said = settings.fit_memory(kept, {}, {"B": 64}, rt, config)  # given: kept, with a warning
         assert kept["B"] == 64 and said[0].endswith(f"it may run out of memory; --B={B} fits the estimate")
-    est = settings.memory_estimate(config, s, rt, 64) / 2**30
+    est = memory_estimate(config, s, rt, 64) / 2**30
     if compiled:  # the compiled step's peak, measured on one H100 (docs/gpu/): within 15%
         assert all(abs(est / measured - 1) < 0.15 for measured in (26.55, 28.95)), est
 

@@ -17,7 +17,7 @@ from conftest import (ENV, MODERN, MODERN_RUN, ROOT, SCRIPT, TINY, assert_one_li
                       losses, records, run_args, train)
 from gptlib import checkpoint, settings
 from gptlib.checkpoint import checkpoints
-from gptlib.errors import UserError
+from gptlib.errors import UserError, valid_range
 from gptlib.optimizers import get_lr
 import train_gpt2
 
@@ -449,7 +449,7 @@ def test_help_lists_every_setting_from_the_settings_block():
         assert comment.split()[0] in source.split(f"\n{name} = ")[0].rsplit("\n\n", 1)[-1] + \
             source.split(f"\n{name} = ")[1].split("\n")[0], line
         if name in settings.RANGES:  # what check_range refuses outside, in its words
-            assert line.endswith(f"({settings.valid_range(*settings.RANGES[name])})"), line
+            assert line.endswith(f"({valid_range(*settings.RANGES[name])})"), line
     assert listed["min_lr_ratio"].endswith("(between 0 and 1)") and listed["max_lr"].endswith("(above 0)")
 
 
