@@ -2,16 +2,16 @@
 
     python train_gpt2.py                                    # 1 process (on a CPU: a small model on input.txt)
     torchrun --standalone --nproc_per_node=8 train_gpt2.py  # 8 GPUs, one node
-    python train_gpt2.py --max_steps=100 --B=32             # any setting below, as --name=value
+    python train_gpt2.py --max_steps=300 --log_dir=log_300  # any setting below, as --name=value
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train_gpt2.py
                                                             # on each of 2 nodes (HOST: the first one)
 
 Prepare the data first with `python fineweb.py` (FineWeb-Edu, ~10B tokens). Without it a plain `python` run
-trains on input.txt and says so; under torchrun it stops in one line naming the folder it looked in. A rerun
-with the same log_dir continues from its latest checkpoint.
+trains on input.txt and says so; under torchrun it stops in one line naming the folder it looked in.
 
-What you edit in the settings block or name on the command line is what runs (presets and fallbacks fill in
-the rest); a resume replays the run's own flags before this command's (docs/training.md, "What runs").
+What runs: the settings block, then a preset where one applies (a size, a recipe, input.txt's, the laptop's
+without a GPU), then the command line. A rerun with the same log_dir resumes the run with its own settings and
+what this command changes; --log_dir=NEW starts a fresh experiment (docs/training.md, "What runs").
 """
 import contextlib
 import dataclasses
