@@ -73,3 +73,23 @@ def test_a_model_option_and_a_setting_are_one_edit_each(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "swiglu=True: Hugging Face GPT-2 has no such option" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (copy / "out").exists()
+
+
+@pytest.mark.slow
+def test_one_step_is_short_to_read():
+    """dev/step_path.py on a tiny CPU run (one micro-batch a step, so a whole first step): at most 10 of the
+    project's files, and nothing a fresh run does not need (a resume's machinery, the GPU's memory fit, the
+    trackers, the weights' shape)."""
+    import importlib.util
+    from conftest import TINY
+    spec = importlib.util.spec_from_file_location("step_path", os.path.join(ROOT, "dev", "step_path.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = os.path.join(ROOT, "input.txt")
+    seen = tool.step_path(TINY + ["--total_batch_size=128", f"--data_root={text}"])
+    names = {name for _, _, name in seen}
+    assert {"train_step", "next_batch", "forward", "set_lr", "resolve", "first_start"} <= names  # a whole step
+    assert len({path for path, _, _ in seen}) <= 10, sorted({path for path, _, _ in seen})
+    off = {"read_newest", "continued", "changes", "restore", "fit_memory", "memory_estimate", "open_trackers",
+           "weights_shape", "count_params", "training_memory"}
+    assert not names & off, names & off
