@@ -165,10 +165,7 @@ def main(argv=None):
             run.clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
                 return stopped(stop, step)
-    if rt.master:  # finished: what ran and what it reached, from the log alone
-        print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
-               f"again)")
-    return 0
+    return finished(run)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -248,23 +245,24 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank. Both
-    evaluations are tokenized and packed here, once for every evaluation of the run: HellaSwag in batches of
-    rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few block_sizes."""
+    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank."""
     args = (s.B, s.T, rt.rank, rt.world_size)
     # eval_only reads no train split: a folder of validation shards alone will do (fineweb.py --speedrun_val)
     train = None if s.eval_only else DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
     val = DataLoaderLite(*args, "val", s.data_root)
-    examples = None
-    if s.hellaswag > 0:
-        examples = hellaswag_prepare(load_examples(s.hellaswag_data or None, s.hellaswag,
-                                                   option="--hellaswag_data"),
-                                     rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
-    core = None
-    if s.core > 0:
-        core = core_eval.Prepared(core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle"),
-                                  rt, max(1, (s.eval_B or s.B) // 4), s.block_size)
-    return train, val, examples, core
+    examples = prepare_evals(s, rt, "hellaswag") if s.hellaswag else None  # None: off
+    return train, val, examples, prepare_evals(s, rt, "core") if s.core else None
+
+
+def prepare_evals(s, rt, which):
+    """HellaSwag's or CORE's examples, tokenized and packed once for every evaluation of the run: HellaSwag in
+    batches of rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few
+    block_sizes."""
+    if which == "hellaswag":
+        examples = load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data")
+        return hellaswag_prepare(examples, rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
+    tasks = core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle")
+    return core_eval.Prepared(tasks, rt, max(1, (s.eval_B or s.B) // 4), s.block_size)
 
 
 def wrap_model(raw_model, s, rt):
@@ -274,14 +272,19 @@ def wrap_model(raw_model, s, rt):
         return shard_model(raw_model, s, rt)
     maybe_compile = torch.compile if s.compile else (lambda m: m)
     if rt.distributed:
-        ddp_model = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
-        # DDP's forward opens a profiler record_function, which Dynamo drops with a warning in every log
-        # unless it may trace it (a recent setting: where a torch lacks it, the warning stays)
-        if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
-            torch._dynamo.config.capture_profiler_record_function = True
-        return Models(raw_model, maybe_compile(ddp_model), maybe_compile(raw_model), s.compile)
+        return Models(raw_model, maybe_compile(ddp(raw_model, rt)), maybe_compile(raw_model), s.compile)
     compiled = maybe_compile(raw_model)
     return Models(raw_model, compiled, compiled, s.compile)
+
+
+def ddp(raw_model, rt):
+    """The model in DDP, for the training step (torch.compile wraps it: each bucket's all-reduce overlaps the
+    backward)."""
+    # DDP's forward opens a profiler record_function, which Dynamo drops with a warning in every log unless it
+    # may trace it (a recent setting: where a torch lacks it, the warning stays)
+    if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
+        torch._dynamo.config.capture_profiler_record_function = True
+    return DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
 
 
 def shard_model(raw_model, s, rt):
@@ -416,6 +419,14 @@ def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""
     s = dataclasses.asdict(run.s)
     return memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
+
+
+def finished(run):
+    """The end of a run that reached max_steps: what ran and what it reached, from the log alone."""
+    if run.rt.master:
+        print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
+               f"again)")
+    return 0
 
 
 def stopped(stop, step):
