@@ -376,8 +376,8 @@ def save(run):
     """Every rank: the run's state after run.step in log_dir (checkpoint.save_run); its name for messages.
     The loader's position is the same on every rank."""
     s, rt = run.s, run.rt
-    meta = {"step": run.step, "config": dataclasses.asdict(s), "block": run.origin["block"],
-            "source": run.origin["source"],
+    meta = {"step": run.step, "config": dataclasses.asdict(s), "settings": run.origin["settings"],
+            "block": run.origin["block"],
             "world_size": rt.world_size, "dataloader": run.train_loader.state_dict(),
             "scaler": run.scaler.state_dict(), "elapsed": run.clock.elapsed()}
     return save_run(s.log_dir, run.models.raw, run.optimizers, meta, rt, s.keep_checkpoints)

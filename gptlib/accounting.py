@@ -1,20 +1,27 @@
-"""What training a GPT costs, from its config alone: parameters, FLOPs per token and MFU, and memory per GPU.
+"""What training a GPT costs, from its config: parameters (of the model built on the meta device), FLOPs per
+token and MFU, and memory per GPU.
 
 train_gpt2.py logs MFU and its memory estimate; bench.py compares both with what it measures.
 """
 import dataclasses
+import functools
 import re
 import time
 
 import torch
 
-from model import GPT
+from model import GPT, GPTConfig
 
 
 def count_params(config, non_embedding=False):
-    """GPT(config).num_params(), counted on a model built on the meta device (no memory, no time)."""
+    """GPT(config).num_params(), counted once per config on a model built on the meta device (no memory)."""
+    return built_params(tuple(dataclasses.asdict(config).items()), non_embedding)
+
+
+@functools.lru_cache(maxsize=None)  # tens of ms a build: once, not at every step's MFU
+def built_params(fields, non_embedding):
     with torch.device("meta"):
-        return GPT(config).num_params(non_embedding)
+        return GPT(GPTConfig(**dict(fields))).num_params(non_embedding)
 
 
 def flops_per_token(config, T=None):

@@ -2,9 +2,10 @@
 (settings.py decides whether and how; checkpoint.py at the top level verifies one, exports it for transformers).
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
-"block", "source", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"} ("config": the settings
-that ran, which a resume runs; "block": the settings block of the command that wrote it, so a resume knows
-the lines edited since; "source": where each setting came from; "elapsed": the training time so far); sample.py, hellaswag.py and core_eval.py read the same file (load_model). checksum is the
+"settings", "block", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"} ("config": the
+settings that ran; "settings": them before this machine's fits, which a resume runs; "block": the settings
+block of the command that wrote it, so a resume knows the lines edited since; "elapsed": the training time
+so far); sample.py, hellaswag.py and core_eval.py read the same file (load_model). checksum is the
 sha256 of everything else in it, tensors byte for byte, so a truncated or altered file is detected before any
 of it is used. Model and optimizer states are full (unsharded) and keyed by parameter name, whether the run
 used DDP or FSDP, so a checkpoint of either resumes under the other.

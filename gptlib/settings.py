@@ -20,7 +20,7 @@ from gptlib.accounting import memory_estimate, micro_batches
 from gptlib.checkpoint import checkpoints, model_config, read_newest
 from gptlib.errors import UserError, block_help, check_range, plural
 from gptlib.optimizers import get_lr
-from gptlib.runtime import print0
+from gptlib.runtime import broadcast_object, print0
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2 (the block ships GPT-2's own), each
@@ -47,6 +47,7 @@ CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate o
 FIXED = ("size", "recipe", "init_from", "optimizer", "data_root", "T", "total_batch_size", "shuffle", "seed")
 TRAINING = ("grad_checkpoint",)  # GPTConfig fields of how the model trains, not what it computes
 PATHS = ("data_root", "hellaswag_data", "core_bundle", "init_from")  # settings naming files, from the cwd
+RUNTIME = ("device", "dtype", "collective_timeout")  # this machine's, decided first: never the run's
 # the valid values of the numeric settings where a bad one is plausible, as check_range's (low, high, above)
 RANGES = {**{k: (1, None, None) for k in ("total_batch_size", "B", "T", "block_size", "n_layer", "n_head",
                                           "n_kv_head", "n_embd", "max_steps", "eval_interval", "log_interval",
@@ -87,8 +88,9 @@ def resolve(Settings, given, rt):
     setting came from ({name: where}, the block's left out) and the block that ran, for the log)."""
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
-    found = checkpoints(log_dir)
-    if found or glob.glob(os.path.join(log_dir, "model_*.pt.damaged")):
+    found = (checkpoints(log_dir), glob.glob(os.path.join(log_dir, "model_*.pt.damaged")))
+    found, damaged = broadcast_object(found, rt.patient) if rt.distributed else found  # rank 0's run decides
+    if found or damaged:
         refuse_into(log_dir, found, given, block)
     resume = read_newest(log_dir, rt) if found else None
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
@@ -98,26 +100,24 @@ def resolve(Settings, given, rt):
     validate(cfg, rt)
     if resume is None and cfg["init_from"] != "scratch":  # the weights decide the shape
         weights_shape(cfg, source, given, model_fields(block))
+    asked = dict(cfg)  # what a resume runs: the fits below are this machine's, made again at each start
     notes += fit(cfg, source, given, rt)
     s = Settings(**{**cfg, "device": rt.kind, "dtype": rt.dtype})
     notes += [] if resume is None else changes(resume, s, source, rt)
     for note in notes:
         print0(f"NOTE: {note}")
-    return s, resume, {"notes": notes, "source": source, "block": block}
+    return s, resume, {"notes": notes, "source": source, "block": block, "settings": asked}
 
 
 def refuse_into(log_dir, found, given, block):
     """A UserError for what cannot go into a log_dir that holds a run (found: its checkpoints; none: only
-    damaged ones): a fresh start, whose checkpoints would mix with the run's, or an evaluation."""
+    damaged ones): a fresh start over it, or an evaluation."""
     if not found:  # none verified, each moved aside: a rerun must not start afresh over the run
         raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
                         "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
     if given.get("eval_only", block["eval_only"]):
         raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
-    if given.get("init_from") == "scratch":
-        raise UserError(f"{log_dir} holds checkpoints of an earlier run: start the new one with "
-                        "--log_dir=NEW, or drop --init_from=scratch to continue that one")
 
 
 def first_start(block, given, rt):
@@ -127,20 +127,23 @@ def first_start(block, given, rt):
     if asked["init_from"] == "resume":
         raise UserError(f"--init_from=resume but {asked['log_dir']} holds no checkpoint (model_*.pt)")
     weights = asked["init_from"] != "scratch"  # they decide the model, and so its recipe
+    if weights and set(RECIPES.get(given.get("recipe"), {})) & set(model_fields(block)):
+        raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): drop "
+                        "it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
     doing, presets = "evaluating" if asked["eval_only"] else "training", []  # [(name, settings)], later wins
     if "data_root" not in given and block["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
                             f"directory you run from): make them there with `python fineweb.py`, pass "
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
-        presets.append((f"input.txt's (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: {doing} "
-                        "on input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
+        presets.append((f"input.txt (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: {doing} on "
+                        "input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
     elif os.path.abspath(asked["data_root"]) == SHAKESPEARE:
-        presets.append(("input.txt's", SHAKESPEARE_CONFIG))
+        presets.append(("input.txt", SHAKESPEARE_CONFIG))
     if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
         where = "an Apple GPU (mps)" if rt.kind == "mps" else "the CPU"
         recipe = given.get("recipe", LAPTOP["recipe"])
-        presets.append((f"the laptop's (no CUDA device: {doing} on {where})",
+        presets.append((f"laptop (no CUDA device: {doing} on {where})",
                         {**LAPTOP, "max_lr": CPU_MAX_LR.get(recipe, CPU_MAX_LR["modern"])}))
     for name, table in (("recipe", RECIPES), ("size", SIZES)):
         chosen = given.get(name, {k: v for _, d in presets for k, v in d.items()}.get(name, block[name]))
@@ -156,7 +159,7 @@ def first_start(block, given, rt):
         for k, v in values.items():
             whole = shaped and k in SHAPE and not name.startswith("--size")  # the command's shape, whole
             if k not in given and k not in held and not whole:
-                preset[k], source[k] = v, f"the preset {name.split(' (')[0]}"
+                preset[k], source[k] = v, f"the {name.split(' (')[0]} preset"
     preset = {k: v for k, v in preset.items() if v != block[k]}
     source = {**{k: source[k] for k in preset}, **dict.fromkeys(given, "this command")}
     notes = [f"presets {'; '.join(name for name, _ in presets)}: " + ", ".join(
@@ -183,9 +186,11 @@ def weights_shape(cfg, source, given, fields):
 def continued(block, meta, given, log_dir):
     """(cfg, source, notes) of a resume: its checkpoint's settings, the block's lines edited since and this
     command's flags; what it cannot change, one UserError listing each."""
-    saved = {**block, **absolute({k: v for k, v in meta["config"].items() if k in block})}
+    model = dataclasses.asdict(GPTConfig(**meta["model_config"]))  # a field added since: its default
+    saved = {**block, **{k: model[k] for k in model_fields(block)},
+             **absolute({k: v for k, v in meta.get("settings", meta["config"]).items() if k in block})}
     ran = meta.get("block", block)  # the block of the command that wrote it (older checkpoints: none)
-    edited = {k: v for k, v in block.items() if k in ran and ran[k] != v}
+    edited = {k: v for k, v in block.items() if k in ran and ran[k] != v or k in RUNTIME}  # RUNTIME: ours
     cfg = {**saved, **absolute(edited), **given}
     if cfg["init_from"] == "resume":  # the run's own origin
         cfg["init_from"] = saved["init_from"]
@@ -396,5 +401,5 @@ def convert(value, kind):
 
 def absolute(values):
     """values with each path naming an existing file or folder made absolute (a resume may run elsewhere)."""
-    return {k: os.path.abspath(v) if k in PATHS and v not in ("", "scratch", "resume") and os.path.exists(v)
-            else v for k, v in values.items()}
+    return {k: os.path.abspath(v) if k in PATHS and v not in ("", "scratch", "resume")
+            and (os.path.exists(v) or v.endswith(".pt")) else v for k, v in values.items()}  # .pt: gone since

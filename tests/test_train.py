@@ -32,15 +32,15 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert train_gpt2.main(TINY + ["--max_steps=30", "--eval_interval=15", "--checkpoint_interval=15",
                                    f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
-    assert ("NOTE: presets input.txt's (no shards in edu_fineweb10B/, which `python fineweb.py` makes: training "
-            "on input.txt); the laptop's (no CUDA device: training on the CPU): data_root=") in said
+    assert ("NOTE: presets input.txt (no shards in edu_fineweb10B/, which `python fineweb.py` makes: training "
+            "on input.txt); laptop (no CUDA device: training on the CPU): data_root=") in said
     recs = records(log)
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
     assert (start["config"]["device"], start["config"]["dtype"]) == ("cpu", "fp32")  # what ran, not "auto"
     assert start["config"]["n_layer"] == 2 and start["config"]["max_steps"] == 30  # the command line's, kept
-    assert start["notes"][0].startswith("presets input.txt's (") and "n_layer" not in start["notes"][0]
-    assert start["source"]["data_root"] == "the preset input.txt's"  # where each setting came from
+    assert start["notes"][0].startswith("presets input.txt (") and "n_layer" not in start["notes"][0]
+    assert start["source"]["data_root"] == "the input.txt preset"  # where each setting came from
     assert start["source"]["n_layer"] == start["source"]["max_steps"] == "this command"
     assert "muon_lr" not in start["source"]  # the block's: not listed
     loss = losses(log)
@@ -283,16 +283,19 @@ def test_what_a_resume_may_change():
     from gptlib.runtime import Runtime
     block = train_gpt2.CONFIG
     saved = dict(block, B=4, max_lr=1e-2, embed_lr=0.01, recipe="modern", optimizer="muon", n_layer=4)
-    meta = {"config": saved, "block": block}
+    model = dataclasses.asdict(settings.model_shape(saved))
+    meta = {"config": saved, "block": block, "model_config": model}
     cfg, source, _ = settings.continued(block, meta, {"max_steps": 3}, "log")  # the run's, not the block's
     assert {k: cfg[k] for k in ("B", "max_lr", "embed_lr", "optimizer", "n_layer", "max_steps")} == {
         "B": 4, "max_lr": 1e-2, "embed_lr": 0.01, "optimizer": "muon", "n_layer": 4, "max_steps": 3}
     edited = dict(block, weight_decay=0.2)  # a line edited since: applied; one undone since: applied too
     cfg, source, _ = settings.continued(edited, meta, {"embed_lr": 0.2}, "log")
-    assert (cfg["weight_decay"], source) == (0.2, {"weight_decay": "the settings block", "embed_lr": "this command"})
+    assert (cfg["weight_decay"], source["weight_decay"], source["embed_lr"]) == (0.2, "the settings block",
+                                                                                 "this command")
+    assert set(source) == {"weight_decay", "embed_lr", "device", "dtype", "collective_timeout"}
     cfg, _, _ = settings.continued(block, {**meta, "block": edited}, {}, "log")
     assert cfg["weight_decay"] == block["weight_decay"]
-    cfg, _, _ = settings.continued(block, {"config": saved}, {}, "log")  # written before blocks were kept
+    cfg, _, _ = settings.continued(block, {"config": saved, "model_config": model}, {}, "log")  # no block kept
     assert cfg == saved
     s = train_gpt2.Settings(**dict(cfg, B=2, embed_lr=0.2, max_lr=1e-3, device="cpu", dtype="fp32"))
     resume = SimpleNamespace(meta={"config": saved, "world_size": 2, "evaluated": True}, step=0)
@@ -309,11 +312,16 @@ def test_what_a_resume_may_change():
             settings.continued(block, meta, {key: value}, "log")
     with pytest.raises(UserError, match=r"has n_layer=4 \(now 6, the settings block\), .*--log_dir=NEW$"):
         settings.continued(dict(block, n_layer=6), meta, {}, "log")
-    # --init_from=resume is the run's own origin; a model field added since (in the block, not in the
-    # checkpoint) has the block's value, and no change
-    cfg, _, _ = settings.continued(block, {"config": {k: v for k, v in saved.items() if k != "rotary"}},
+    # --init_from=resume is the run's own origin; a model field added since (a block line the checkpoint's
+    # settings and block lack) has the weights' value, not the block's
+    old = {k: v for k, v in saved.items() if k != "rotary"}
+    ran = {k: v for k, v in block.items() if k != "rotary"}
+    cfg, _, _ = settings.continued(dict(block, rotary=True), {"config": old, "block": ran, "model_config": model},
                                    {"init_from": "resume"}, "log")
     assert cfg["init_from"] == "scratch" and cfg["rotary"] is False
+    # this machine's device, dtype and collective timeout are the block's and this command's, said as such
+    cfg, source, _ = settings.continued(block, {**meta, "config": dict(saved, dtype="fp16")}, {}, "log")
+    assert cfg["dtype"] == "auto" and source["dtype"] == "the settings block"
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text):
@@ -355,8 +363,8 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, kind, world_size
     assert s.data_root == settings.SHAKESPEARE and s.device == kind and s.dtype == "fp32"
     where = {"cuda": None, "cpu": "the CPU", "mps": "an Apple GPU (mps)"}[kind]
     presets = origin["notes"][0]
-    assert presets.startswith("presets input.txt's (no shards in edu_fineweb10B/, which `python fineweb.py` "
-                              "makes: training on input.txt)" + (f"; the laptop's (no CUDA device: training on "
+    assert presets.startswith("presets input.txt (no shards in edu_fineweb10B/, which `python fineweb.py` "
+                              "makes: training on input.txt)" + (f"; laptop (no CUDA device: training on "
                                                                  f"{where})" if where else ""))
     assert s.total_batch_size == (4096 if kind == "cuda" else 2048)
     assert (s.n_embd, s.compile) == ((768, False) if kind == "cuda" else (64, False))
@@ -365,7 +373,8 @@ def test_fallback_settings_fit_input_txt(tmp_path, monkeypatch, kind, world_size
         DataLoaderLite(s.B, s.T, world_size - 1, world_size, split, s.data_root)
     s, _, _ = decide(tmp_path, {"B": 2}, rt)
     assert s.B == 2 and s.total_batch_size == (4096 if kind == "cuda" else 2048)  # the command line wins
-    rt.distributed = True
+    rt.distributed = True  # under torchrun rank 0's view of log_dir decides (one process here: its own)
+    monkeypatch.setattr(settings, "broadcast_object", lambda obj, group=None: obj)
     where = tmp_path / "edu_fineweb10B"
     with pytest.raises(UserError, match=rf"no shards in {where} \(data_root is relative to the directory "
                                          r"you run from\): make them there with `python fineweb.*"
@@ -393,10 +402,10 @@ def test_size_and_recipe_presets(tmp_path, text):
     for rt in (gpu, cpu):  # the size's shape with the command's n_layer, and the size's max_lr
         s, _, origin = decide(tmp_path, {"size": "350M", "n_layer": 4, "data_root": text}, rt)
         assert tuple(getattr(s, k) for k in shape) == (4, 16, 16, 1024, 3e-4)
-        assert origin["source"]["n_embd"] == "the preset --size=350M" and origin["source"]["n_layer"] == "this command"
+        assert origin["source"]["n_embd"] == "the --size=350M preset" and origin["source"]["n_layer"] == "this command"
     s, _, origin = decide(tmp_path, {"n_layer": 12, "n_embd": 768, "data_root": text}, cpu)
     assert (s.n_layer, s.n_head, s.n_kv_head, s.n_embd, s.T) == (12, 12, 12, 768, 128)  # T: the laptop's
-    assert origin["notes"][0].startswith("presets the laptop's (no CUDA device: training on the CPU); "
+    assert origin["notes"][0].startswith("presets laptop (no CUDA device: training on the CPU); "
                                          "--recipe=modern: ") and "n_head" not in origin["notes"][0]
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
         s, _, _ = decide(tmp_path, {"size": size, "data_root": text}, gpu)
@@ -408,7 +417,7 @@ def test_size_and_recipe_presets(tmp_path, text):
     assert not any(note.startswith("presets") for note in origin["notes"]) and set(origin["source"]) == set(ours)
     # the modern recipe: its options, Muon and its max_lr, each still overridable; GPT-2's is the default
     s, _, origin = decide(tmp_path, {"recipe": "modern", "rotary": False, "data_root": text}, gpu)
-    assert s.optimizer == "muon" and s.max_lr == 6e-3 and origin["source"]["max_lr"] == "the preset --recipe=modern"
+    assert s.optimizer == "muon" and s.max_lr == 6e-3 and origin["source"]["max_lr"] == "the --recipe=modern preset"
     assert s.head_lr == s.embed_lr == 0.004 and train_gpt2.CONFIG["head_lr"] == 0
     assert not s.rotary and all(getattr(s, k) for k in MODERN if k != "rotary")
     assert train_gpt2.CONFIG["recipe"] == "gpt2" and not any(train_gpt2.CONFIG[k] for k in MODERN)
@@ -512,10 +521,19 @@ def test_an_older_torch_is_a_note_and_fsdp_on_it_one_line(tmp_path, monkeypatch,
             "requirements.txt upgrades it") in capsys.readouterr().out
 
 
-def test_scratch_over_existing_checkpoints_is_refused(tmp_path, text):
-    (tmp_path / "model_000002.pt").write_bytes(b"")
-    with pytest.raises(UserError, match="holds checkpoints of an earlier run"):
-        train_gpt2.main(TINY + [f"--log_dir={tmp_path}", f"--data_root={text}", "--init_from=scratch"])
+@pytest.mark.slow
+def test_scratch_into_a_run_continues_it_and_weights_are_refused(tmp_path, capsys, text):
+    """--init_from=scratch is a scratch run's own origin: into its log_dir, the run continues (and its line
+    says how to start a fresh experiment); --init_from=WEIGHTS there is refused once, and its advice works."""
+    log = str(tmp_path / "log")
+    assert train_gpt2.main(TINY + [f"--log_dir={log}", f"--data_root={text}", "--max_steps=1"]) == 0
+    assert train_gpt2.main(TINY + [f"--log_dir={log}", f"--data_root={text}", "--init_from=scratch",
+                                   "--max_steps=2"]) == 0
+    assert "resuming from" in capsys.readouterr().out and max(losses(log)) == 2
+    with pytest.raises(UserError, match=r"has init_from='scratch' \(now 'gpt2', this command\), which a resume "
+                                        r"cannot change: restore it \(--init_from=scratch\)"):
+        train_gpt2.main(TINY + [f"--log_dir={log}", "--init_from=gpt2", "--max_steps=3"])
+    assert train_gpt2.main(TINY + [f"--log_dir={log}", "--init_from=scratch", "--max_steps=3"]) == 0
 
 
 # ---------------------------------------------------------------------------------------------- GPU memory
@@ -701,7 +719,7 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     start = records(tmp_path / "ft")[0]
     assert start["config"]["n_layer"] == start["model_config"]["n_layer"] == 2
     assert start["config"]["n_embd"] == start["model_config"]["n_embd"] == 32
-    assert '"n_layer": 2' in out and "the laptop's (no CUDA device: training on the CPU)" in out
+    assert '"n_layer": 2' in out and "laptop (no CUDA device: training on the CPU)" in out
     assert "n_layer=4" not in out  # the CPU's small model is not the weights'
     with pytest.raises(UserError, match=f"n_layer=3 \\(this command\\), but {weights} has n_layer=2: "
                                         "the weights decide"):
@@ -883,7 +901,7 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
     start = records(log)[0]
     assert {k: start["config"][k] for k in ("seed", "min_lr_ratio", "n_layer", "max_steps", "n_embd")} == {
         "seed": 7, "min_lr_ratio": 0.2, "n_layer": 4, "max_steps": 2, "n_embd": 64}
-    assert start["source"]["n_layer"] == "the preset the laptop's" and "seed" not in start["source"]
+    assert start["source"]["n_layer"] == "the laptop preset" and "seed" not in start["source"]
     assert "n_layer=4" in start["notes"][0] and start["config"]["data_root"] == settings.SHAKESPEARE
     assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
     # resumed from another folder (one with an edu_fineweb10B/ of its own), and under torchrun from one
