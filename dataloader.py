@@ -180,8 +180,9 @@ class DataLoaderLite:
                  shuffle=False, seed=0):
         if not (all(isinstance(v, int) and v >= 1 for v in (B, T, num_processes))
                 and 0 <= process_rank < num_processes and split in ("train", "val")):
-            raise ValueError(f"DataLoaderLite: B={B!r} and T={T!r} must be positive integers, process_rank="
-                             f"{process_rank} in [0, num_processes={num_processes}), split={split!r} train or val")
+            raise ValueError(f"DataLoaderLite: B={B!r} and T={T!r} must be positive integers, "
+                             f"process_rank={process_rank} in [0, num_processes={num_processes}), "
+                             f"split={split!r} train or val")
         self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
         self.shuffle, self.seed = shuffle, seed
         self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)

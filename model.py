@@ -102,8 +102,8 @@ class CausalSelfAttention(nn.Module):
 
 
 def textbook_attention(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
-    """SDPA the textbook way (flash=False, bench.py's baseline): the whole (T, S) score matrix is written to and
-    read back from memory. q (B, nh, T, hs), k and v (B, n_kv, S, hs) -> (B, nh, T, hs)."""
+    """SDPA the textbook way (flash=False, bench.py's baseline): the whole (T, S) score matrix is written to
+    and read back from memory. q (B, nh, T, hs), k and v (B, n_kv, S, hs) -> (B, nh, T, hs)."""
     if enable_gqa:
         k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, nh, S, hs)
         v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
@@ -306,9 +306,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, reduction="mean", cache=None, packing=None):
         """idx (B, T) token ids -> (logits (B, T, vocab_size), None); given targets (B, T), (None, the mean
-        cross-entropy, -1 ignored), or with reduction="none" (None, each token's (B*T,)): no logits kept (under
-        torch.compile they would live through backward). cache (engine.KVCache): idx is at positions cache.pos
-        (T,), and the logits are each row's last token's, (B, vocab_size). packing: Packing's docstring."""
+        cross-entropy, -1 ignored), or with reduction="none" (None, each token's (B*T,)): no logits kept
+        (under torch.compile they would live through backward). cache (engine.KVCache): idx is at positions
+        cache.pos (T,), and the logits are each row's last token's, (B, vocab_size). packing: see Packing."""
         B, T = idx.size()
         pos, attn_mask, select = packing or Packing()
         if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions

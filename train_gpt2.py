@@ -39,7 +39,7 @@ from gptlib.runlog import Clock, RunLog, duration, hold_log_dir, metrics_path
 from gptlib.runtime import Runtime, autocast, catch_stop_signals, print0, sharded, synchronize, together
 from gptlib.tokenizer import get_encoding, token_bytes
 from hellaswag import evaluate as hellaswag_eval, load_examples, prepare as hellaswag_prepare
-from model import GPT, GPTConfig
+from model import GPT
 from plot import write_report
 from sample import sample
 
@@ -111,11 +111,11 @@ SAMPLE_PROMPT = "Hello, I'm a language model,"  # 8 tokens; each evaluation samp
 def main(argv=None):
     """Train (or with eval_only, evaluate) as the settings block and argv (default: the command line) say;
     returns the process's exit status."""
-    # ------------------------------------------ start-up: the processes, what runs, the run's state, decided once
+    # -------------------------------------- start-up: the processes, what runs, the run's state, decided once
     given = settings.parse_overrides(sys.argv[1:] if argv is None else argv, Settings, __file__)
     rt = runtime.setup(**settings.runtime_options(Settings, given))  # processes, GPU, dtype
     hold_log_dir(given.get("log_dir", CONFIG["log_dir"]), rt)  # one run at a time per log_dir
-    s, resume, origin = settings.resolve(Settings, given, rt)  # presets or the run's own settings, checks, fits
+    s, resume, origin = settings.resolve(Settings, given, rt)  # presets or the run's settings, checks, fits
     if resume is not None and resume.finished and not resume.unevaluated:
         print0(resume.said)
         return 0
@@ -147,11 +147,12 @@ def main(argv=None):
             elapsed, eta, last = run.clock.elapsed(), run.clock.eta(step, s.max_steps), step == s.max_steps
             if step % s.log_interval == 0 or step == 1 or last:
                 print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
-                       f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s" + ("" if util is None else f" | MFU {util:.1%}")
+                       f"| {dt * 1000:.2f} ms | {tok_s:,.0f} tok/s"
+                       + ("" if util is None else f" | MFU {util:.1%}")  # no peak known: CPU, an unlisted GPU
                        + ("" if mem is None else f" | peak memory {mem / 2**30:.2f} GiB")
                        + f" | {duration(elapsed)} elapsed, eta {duration(eta)}"
-                       + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}" if update == "skipped"
-                          else ""))
+                       + (f" | skipped: fp16 gradients overflowed at loss scale {scale:g}"
+                          if update == "skipped" else ""))
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": update == "skipped"} if scale else {}
@@ -194,7 +195,7 @@ class Run:
     core: object  # CORE's core_eval.Prepared tasks (core=0: None)
     log: RunLog
     clock: Clock
-    origin: dict  # settings.resolve's notes, where each setting came from and the block: the log's, the checkpoints'
+    origin: dict  # settings.resolve's: the notes, where each setting came from, the block and the settings
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
     doing: str = "starting"  # what the loop is doing, for messages: "in step 5", "evaluating step 4"
@@ -235,8 +236,8 @@ def start_run(s, rt, resume, origin):
 
 
 def build_model(s, resume):
-    """The GPT to train or evaluate, of the settings' shape: new weights, or init_from's (an OpenAI name, an HF
-    folder or a checkpoint file; the optimizer starts fresh); a resume's come in restore()."""
+    """The GPT to train or evaluate, of the settings' shape: new weights, or init_from's (an OpenAI name, an
+    HF folder or a checkpoint file; the optimizer starts fresh); a resume's come in restore()."""
     if resume is not None or s.init_from == "scratch":
         return GPT(settings.model_shape(s))
     model = load_model(s.init_from, "--init_from")
@@ -389,8 +390,8 @@ def save(run):
 def eval_line(run):
     """log_start's line of an evaluation: what it reads."""
     s = run.s
-    return (f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} HellaSwag "
-            f"examples; device {run.rt.device}")
+    return (f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
+            f"HellaSwag examples; device {run.rt.device}")
 
 
 def data_lines(run):
@@ -399,7 +400,8 @@ def data_lines(run):
     lines = [f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
              f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)"]
     lines += [f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "  # a corpus's tail
-              f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on" for name, tokens in loader.skipped]
+              f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on"
+              for name, tokens in loader.skipped]
     mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
     return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
                               f"{plural(rt.world_size, 'process', 'processes')} x "
@@ -407,7 +409,7 @@ def data_lines(run):
 
 
 def memory_line(run):
-    """The batch line's end on a GPU: the training memory a process is estimated to need, and FSDP's shards."""
+    """The batch line's end on a GPU: the memory a process is estimated to need, and FSDP's shards."""
     s, rt = run.s, run.rt
     sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
                + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
@@ -456,9 +458,9 @@ def diverged(run, loss, norm):
 def failure_hints(run):
     """The failures of a step or a checkpoint that name their fix, with the newest checkpoint: the GPU out of
     memory (also inside compiled code) is a RankError naming the B to try; a collective that lost another
-    process (it hangs, and this one waited collective_timeout; or it ended: it failed where the ranks could not
-    agree, and said why, or was killed) a UserError naming what this one was doing. Other errors pass through
-    (an evaluation's: evaluate_or_stop)."""
+    process (it hangs, and this one waited collective_timeout; or it ended: it failed where the ranks could
+    not agree, and said why, or was killed) a UserError naming what this one was doing. Other errors pass
+    through (an evaluation's: evaluate_or_stop)."""
     try:
         yield
     except Exception as e:

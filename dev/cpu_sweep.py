@@ -1,4 +1,4 @@
-"""The sweep that chose the CPU default (settings.CPU_CONFIG): candidates for `python train_gpt2.py` without a
+"""The sweep that chose the CPU default (settings.LAPTOP): candidates for `python train_gpt2.py` without a
 GPU, each given as the flags that change the default, run by dev/laptop_vs_nanogpt.py in turns with nanoGPT's
 laptop recipe and scored on the same held-out bytes. docs/compare.md has its table and why the default is
 what it is. Measure on an idle machine.

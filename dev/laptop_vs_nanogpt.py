@@ -323,7 +323,7 @@ def main():
                 print(f"\nround {r + 1}, {label(side, flags)}: {got['wall']:.1f} s, {got['cpu']:.1f} CPU-s, "
                       f"{got['steps']} steps ({got['note']}), held-out {got['bpb']:.4f} bpb; sample:\n"
                       f"{got['sample']}", flush=True)
-    print(f"\n| run | wall s | CPU s | steps | held-out bpb |\n| --- | ---: | ---: | ---: | ---: |")
+    print("\n| run | wall s | CPU s | steps | held-out bpb |\n| --- | ---: | ---: | ---: | ---: |")
     for side, runs in results.items():
         print(f"| {label(*side)} | " + " | ".join(spread([x[key] for x in runs], fmt) for key, fmt in
                                                  (("wall", ".0f"), ("cpu", ".0f"), ("steps", ".0f"),

@@ -6,7 +6,6 @@ train_gpt2.py logs MFU and its memory estimate; bench.py compares both with what
 import dataclasses
 import functools
 import re
-import time
 
 import torch
 

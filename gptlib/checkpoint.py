@@ -1,5 +1,5 @@
 """Checkpoints: written atomically with a checksum inside, verified before use, and read back to resume a run
-(settings.py decides whether and how; checkpoint.py at the top level verifies one, exports it for transformers).
+(settings.py decides whether and how; checkpoint.py at the top level verifies one and exports it).
 
 train_gpt2.py writes log_dir/model_NNNNNN.pt = {"model", "model_config", "optimizer", "step", "config",
 "settings", "block", "world_size", "dataloader", "scaler", "elapsed", "rng", "checksum"} ("config": the
@@ -83,7 +83,8 @@ def remove_stale_writes(log_dir, rt):
     left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Each removal is said."""
     for path in sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp"))) if rt.master else []:
         os.remove(path)
-        print0(f"NOTE: removed {os.path.basename(path)}, a checkpoint an earlier attempt did not finish writing")
+        print0(f"NOTE: removed {os.path.basename(path)}, a checkpoint an earlier attempt did not finish "
+               "writing")
 
 
 def save_checkpoint(state, path):
@@ -125,8 +126,10 @@ def room_note(log_dir, n_params):
     """A NOTE when the disk of log_dir (made by then: one that cannot be was refused) holds less than two
     checkpoints (weights and AdamW's two moments, fp32): one that does not fit stops the run."""
     need, free = 12 * n_params, free_space(log_dir)
-    return [] if free >= 2 * need else [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints "
-                                        f"of about {size(need)}: make room, or choose another --log_dir"]
+    if free >= 2 * need:
+        return []
+    return [f"{size(free)} free on the disk of {log_dir}, less than two checkpoints of about {size(need)}: "
+            "make room, or choose another --log_dir"]
 
 
 def size(n):
@@ -155,7 +158,7 @@ def load_checkpoint(path, option=None):
     if checksum({k: v for k, v in ckpt.items() if k != "checksum"}) != ckpt["checksum"]:
         raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match its checksum"
                               + next_step(path, option))
-    ckpt["model_config"] = current(ckpt["model_config"])
+    ckpt["model_config"] = current(ckpt["model_config"], path)
     return ckpt
 
 
@@ -195,9 +198,22 @@ def next_step(path, option):
     return f"; no earlier checkpoint in {folder} verifies: restore this one from a copy, or train it again"
 
 
-def current(config):
-    """A checkpoint's model_config (a dict) without the RETIRED fields: GPTConfig(**current(config))."""
+def current(config, path="the checkpoint"):
+    """A checkpoint's model_config (a dict) without the RETIRED fields: GPTConfig(**current(config)). A field
+    this model.py lacks (a model option added in another copy of it) is a UserError."""
+    unknown = set(config) - {f.name for f in dataclasses.fields(GPTConfig)} - set(RETIRED)
+    if unknown:
+        raise UserError(f"{path} holds a model with {', '.join(sorted(unknown))}, which this model.py's "
+                        "GPTConfig lacks: use the code that wrote it")  # not damaged: not moved aside
     return {k: v for k, v in config.items() if k not in RETIRED}
+
+
+def aside(path):
+    """Where a damaged checkpoint goes: path.damaged, or path.damaged.N where an earlier one is kept."""
+    n, dest = 1, path + ".damaged"
+    while os.path.exists(dest):
+        dest, n = f"{path}.damaged.{n}", n + 1
+    return dest
 
 
 def newest_valid(log_dir, note=print):
@@ -209,12 +225,14 @@ def newest_valid(log_dir, note=print):
         try:
             ckpt = load_checkpoint(path)
         except CheckpointError as e:
-            note(f"NOTE: {e}: moved aside to {os.path.basename(path)}.damaged")
-            os.replace(path, path + ".damaged")
+            dest = aside(path)
+            note(f"NOTE: {e}: moved aside to {os.path.basename(dest)}")
+            os.replace(path, dest)
             continue
         return path, ckpt
-    raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above; each moved "
-                          "aside as *.damaged): restore one from a copy, or start afresh with --log_dir=NEW")
+    raise CheckpointError(f"none of the {len(found)} checkpoints in {log_dir} verifies (see above; each "
+                          "moved aside as *.damaged): restore one from a copy, or start afresh with "
+                          "--log_dir=NEW")
 
 
 def load_model(spec, option=None):
@@ -254,7 +272,7 @@ def model_config(spec, option=None):
     except Exception as e:  # a truncated zip, a file of another kind, no model_config
         raise CheckpointError(f"{spec} is not a readable train_gpt2.py checkpoint ({short(e)})"
                               + next_step(spec, option)) from None
-    return dataclasses.asdict(GPTConfig(**current(config)))
+    return dataclasses.asdict(GPTConfig(**current(config, spec)))
 
 
 # ---------------------------------------------------------------------------------------------- training runs
@@ -331,10 +349,11 @@ class Resume:
         self.step, self.path = meta["step"], meta["path"]
 
     def restore(self, model, optimizers, scaler, loader, log, rt):
-        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position; the
-        log's records after its step dropped. Returns (its step, its name for messages)."""
+        """Every rank: the checkpoint's weights, optimizer and loss-scaler states, RNG and loader position;
+        the log's records after its step dropped. Returns (its step, its name for messages)."""
         first = ", evaluating that step first: its evaluation is not in the log" if self.unevaluated else ""
-        print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts a fresh experiment){first}")
+        print0(f"resuming from {self.path} (step {self.step}; --log_dir=NEW starts a fresh experiment)"
+               f"{first}")
         roles = [g.get("role") for opt in optimizers for g in opt.param_groups]
         if self.meta["roles"] != roles:  # the same verdict on every rank: meta is rank 0's
             raise UserError(f"{self.path} holds optimizer state in another layout (parameter groups "
@@ -369,7 +388,7 @@ def read_newest(log_dir, rt):
             meta = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")} | {"path": path}
             meta["roles"] = [g.get("role") for g in ckpt.get("optimizer", {}).get("param_groups", [])]
             meta["evaluated"] = evaluated(metrics_path(log_dir), meta["step"])
-        except CheckpointError as e:
+        except UserError as e:  # none verifies, or written by another model.py: every rank stops
             meta = {"error": str(e)}
     if rt.distributed:  # the others wait while rank 0 reads and verifies
         meta = broadcast_object(meta, rt.patient)

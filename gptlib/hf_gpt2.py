@@ -16,8 +16,8 @@ from model import GPT, GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 OPENAI = {"gpt2": "124M", "gpt2-medium": "350M", "gpt2-large": "774M", "gpt2-xl": "1558M"}  # name: size
 PRETRAINED = {name: f"openai-community/{name}" for name in OPENAI}  # Hub ids
-HF_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")  # the GPTConfig fields HF's config.json has
-TRAINING = ("grad_checkpoint", "flash", "zero_init")  # how a model trains or computes, not what it computes
+HF_FIELDS = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")  # GPTConfig's fields in HF's config
+UNSAVED = ("grad_checkpoint", "flash", "zero_init")  # how a model trains or computes, not what it computes
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -52,11 +52,11 @@ def save_pretrained(model, out_dir):
     from safetensors.torch import save_file
     c = model.config
     gpt2 = GPTConfig(**{k: getattr(c, k) for k in HF_FIELDS})  # what HF's GPT-2 expresses, the rest GPT-2's
-    other = [f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c) if f.name not in TRAINING
+    other = [f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c) if f.name not in UNSAVED
              and getattr(c, f.name) != getattr(gpt2, f.name)]
     if other:
         raise UserError(f"{', '.join(other)}: Hugging Face GPT-2 has no such option, so this model cannot be "
-                        "saved in its format; a model trained with --recipe=gpt2 (GPT-2's own) can be")
+                        "saved in its format; GPT-2's own can be (--recipe=gpt2, no other model options)")
     vocab = GPT2_VOCAB if c.vocab_size > GPT2_VOCAB else c.vocab_size
     eot = GPT2_VOCAB - 1 if vocab == GPT2_VOCAB else None
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab,

@@ -1,7 +1,7 @@
 """A run's log_dir and its log: the lock that lets one run at a time into a log_dir, and metrics.jsonl (one
 JSON record per line, rank 0 appends): RunLog, its one writer (also feeding TensorBoard and W&B), and its
 readers (read_log for plot.py, report.md and the checks; log_lines for the resume, which trims what a failed
-attempt wrote after its checkpoint).
+attempt wrote after its checkpoint); and the run's Clock (elapsed time, ETA).
 """
 import collections
 import json
@@ -43,7 +43,8 @@ def lock(log_dir, create):
     if not create and not os.path.isdir(log_dir):  # made later (create=True): its parent must take it
         parent = nearest_existing(os.path.dirname(os.path.abspath(log_dir)))
         return None if os.access(parent, os.W_OK) else (
-            f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no permission): {fix}")
+            f"--log_dir={log_dir} cannot be created: {parent} is not writable (read-only or no permission): "
+            f"{fix}")
     from filelock import FileLock, Timeout  # comes with torch; works on Windows too, unlike fcntl
     try:
         os.makedirs(log_dir, exist_ok=True)
@@ -66,8 +67,8 @@ def in_use(log_dir):
             other = f.read().strip()
     except OSError:
         other = ""
-    return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or stop it, "
-            "or choose another --log_dir")
+    return (f"{log_dir} is in use by another run ({other or 'another process'}): wait for it to end or stop "
+            "it, or choose another --log_dir")
 
 
 # ------------------------------------------------------------------------------------------ metrics.jsonl
@@ -125,8 +126,8 @@ class RunLog:
         """A resumed run's log: rank 0 drops the records after `step` (those of an attempt that died before
         its next checkpoint, redone now), saying how many."""
         if runtime.is_rank0() and (dropped := truncate_log(self.path, step)):
-            runtime.print0(f"NOTE: dropped {dropped} records after step {step} from {self.path} (the "
-                           f"interrupted attempt's, redone now)")
+            runtime.print0(f"NOTE: dropped {dropped} records after step {step} from {self.path} (written "
+                           f"after the checkpoint this run resumes from: redone now)")
 
     def open_trackers(self, names, log_dir, start):
         """Rank 0 opens them; a tracker that cannot start (not installed, not logged in) stops every rank."""

@@ -246,8 +246,8 @@ def torchrun_ranks():
         raise UserError("RANK is set but WORLD_SIZE is not: launch with torchrun (or set WORLD_SIZE, "
                         "MASTER_ADDR and MASTER_PORT as well)")
     # launchers that start one process a node (Kubeflow's PyTorchJob) set RANK and WORLD_SIZE, not LOCAL_RANK
-    return Runtime(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]),
-                   distributed=True)
+    return Runtime(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)),
+                   int(os.environ["WORLD_SIZE"]), distributed=True)
 
 
 def use_gpu(rt, dtype):

@@ -21,6 +21,7 @@ from gptlib.checkpoint import checkpoints, model_config, read_newest
 from gptlib.errors import UserError, block_help, check_range, plural
 from gptlib.optimizers import get_lr
 from gptlib.runtime import broadcast_object, print0
+from gptlib.trackers import TRACKERS
 from model import GPT2_SIZES, GPT2_VOCAB, GPTConfig
 
 # --recipe=modern: the changes nanochat and modded-nanogpt make to GPT-2 (the block ships GPT-2's own), each
@@ -90,8 +91,12 @@ def resolve(Settings, given, rt):
     log_dir = given.get("log_dir", block["log_dir"])
     found = (checkpoints(log_dir), glob.glob(os.path.join(log_dir, "model_*.pt.damaged")))
     found, damaged = broadcast_object(found, rt.patient) if rt.distributed else found  # rank 0's run decides
-    if found or damaged:
-        refuse_into(log_dir, found, given, block)
+    if damaged and not found:  # none verified, each moved aside: a rerun must not start afresh over the run
+        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
+                        "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+    if found and given.get("eval_only", block["eval_only"]):
+        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
     resume = read_newest(log_dir, rt) if found else None
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
                           continued(block, resume.meta, given, log_dir))
@@ -109,17 +114,6 @@ def resolve(Settings, given, rt):
     return s, resume, {"notes": notes, "source": source, "block": block, "settings": asked}
 
 
-def refuse_into(log_dir, found, given, block):
-    """A UserError for what cannot go into a log_dir that holds a run (found: its checkpoints; none: only
-    damaged ones): a fresh start over it, or an evaluation."""
-    if not found:  # none verified, each moved aside: a rerun must not start afresh over the run
-        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
-                        "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
-    if given.get("eval_only", block["eval_only"]):
-        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
-                        "its own (--log_dir=NEW)")
-
-
 def first_start(block, given, rt):
     """(cfg, source, notes) of a run's first start: the settings block, then the presets that apply, then this
     command's flags. One NOTE names the presets and what they set."""
@@ -128,16 +122,16 @@ def first_start(block, given, rt):
         raise UserError(f"--init_from=resume but {asked['log_dir']} holds no checkpoint (model_*.pt)")
     weights = asked["init_from"] != "scratch"  # they decide the model, and so its recipe
     if weights and set(RECIPES.get(given.get("recipe"), {})) & set(model_fields(block)):
-        raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): drop "
-                        "it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
+        raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): "
+                        "drop it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
     doing, presets = "evaluating" if asked["eval_only"] else "training", []  # [(name, settings)], later wins
     if "data_root" not in given and block["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
                             f"directory you run from): make them there with `python fineweb.py`, pass "
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
-        presets.append((f"input.txt (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: {doing} on "
-                        "input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
+        presets.append((f"input.txt (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: {doing} "
+                        "on input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
     elif os.path.abspath(asked["data_root"]) == SHAKESPEARE:
         presets.append(("input.txt", SHAKESPEARE_CONFIG))
     if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
@@ -162,7 +156,8 @@ def first_start(block, given, rt):
                 preset[k], source[k] = v, f"the {name.split(' (')[0]} preset"
     preset = {k: v for k, v in preset.items() if v != block[k]}
     source = {**{k: source[k] for k in preset}, **dict.fromkeys(given, "this command")}
-    notes = [f"presets {'; '.join(name for name, _ in presets)}: " + ", ".join(
+    whole = " (the command's shape, whole: theirs left out)" if shaped else ""
+    notes = [f"presets {'; '.join(name for name, _ in presets)}{whole}: " + ", ".join(
         f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
     return {**absolute(block), **preset, **given}, source, notes
 
@@ -192,8 +187,7 @@ def continued(block, meta, given, log_dir):
     ran = meta.get("block", block)  # the block of the command that wrote it (older checkpoints: none)
     edited = {k: v for k, v in block.items() if k in ran and ran[k] != v or k in RUNTIME}  # RUNTIME: ours
     cfg = {**saved, **absolute(edited), **given}
-    if cfg["init_from"] == "resume":  # the run's own origin
-        cfg["init_from"] = saved["init_from"]
+    cfg["init_from"] = saved["init_from"] if cfg["init_from"] == "resume" else cfg["init_from"]  # its origin
     source = {**dict.fromkeys(edited, "the settings block"), **dict.fromkeys(given, "this command")}
     fixed = [k for k in (*model_fields(block), *FIXED) if cfg[k] != saved[k]]
     if fixed:
@@ -223,11 +217,12 @@ def changes(resume, s, source, rt):
     if resume.meta["world_size"] != rt.world_size:
         notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> "
                      f"{rt.world_size}")
-    moved = {k: saved[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps")
-             if saved.get(k, now[k]) != now[k]}
-    was, new = (get_lr(resume.step, x.max_lr, x) for x in (dataclasses.replace(s, **moved), s))
+    moved = {k: saved[k] for k in now if k in saved and saved[k] != now[k]}  # any knob get_lr reads
+    lr = lambda x: get_lr(resume.step, x.max_lr, x)  # noqa: E731  (the step's rate at max_lr's peak)
+    was, new = lr(dataclasses.replace(s, **moved)), lr(s)
     if not math.isclose(was, new, rel_tol=0.01):
-        schedule = ", ".join(f"{k} {v} -> {now[k]}" for k, v in moved.items())
+        schedule = ", ".join(f"{k} {v} -> {now[k]}" for k, v in moved.items()
+                             if not math.isclose(lr(dataclasses.replace(s, **{k: v})), new))
         notes.append(f"the learning rate of step {resume.step + 1} is {new:.2e} on the new schedule, "
                      f"{was:.2e} on the run's ({schedule}): "
                      + ("it jumps up, then decays to the new end" if new > was else "it drops"))
@@ -241,7 +236,7 @@ def validate(cfg, rt):
     """The first setting that cannot work: a UserError naming the fix, before any model or log_dir exists."""
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise UserError(f"--optimizer={cfg['optimizer']!r}: use adamw or muon")
-    if set(filter(None, cfg["tracker"].split(","))) - {"tensorboard", "wandb"}:
+    if set(filter(None, cfg["tracker"].split(","))) - set(TRACKERS):
         raise UserError(f"--tracker={cfg['tracker']!r}: use tensorboard or wandb, both as tensorboard,wandb, "
                         "or \"\" for none")
     if cfg["fsdp"]:
@@ -383,7 +378,7 @@ def parse_overrides(argv, Settings, script):
         try:
             overrides[key] = convert(value, type(block[key]))
         except ValueError:
-            kind = {bool: "True or False", int: "a whole number"}.get(type(block[key]), "a number")  # str: any
+            kind = {bool: "True or False", int: "a whole number"}.get(type(block[key]), "a number")
             raise UserError(f"--{key}={value!r} is not {kind} (default: {block[key]!r})") from None
     return absolute(overrides)
 

@@ -36,14 +36,16 @@ def get_encoding(ranks_file=RANKS_FILE):
         with open(ranks_file, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise UserError(f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git checkout "
-                        f"-- gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the openai-whisper sdist "
-                        f"there.") from None
+        raise UserError(f"GPT-2 vocab file {ranks_file} is missing. Restore it from the repository (git "
+                        f"checkout -- gpt2.tiktoken) or copy whisper/assets/gpt2.tiktoken from the "
+                        f"openai-whisper sdist there.") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != RANKS_SHA256:
-        raise UserError(f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it is "
-                        f"altered or truncated. Restore it from the repository (git checkout -- gpt2.tiktoken).")
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines())}
+        raise UserError(f"GPT-2 vocab file {ranks_file} has sha256 {digest}, expected {RANKS_SHA256}: it "
+                        f"is altered or truncated. Restore it from the repository (git checkout -- "
+                        f"gpt2.tiktoken).")
+    ranks = {base64.b64decode(token): int(rank)
+             for token, rank in (line.split() for line in data.splitlines())}
     return tiktoken.Encoding(name="gpt2", pat_str=PAT_STR, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=N_VOCAB)
 

@@ -62,6 +62,10 @@ def test_a_model_option_and_a_setting_are_one_edit_each(tmp_path):
     assert ckpt["model"]["transformer.h.0.mlp.c_fc.weight"].shape == (256, 32)  # SwiGLU's, not GELU's 128
     n = sum(v.numel() for k, v in ckpt["model"].items() if k != "lm_head.weight")  # tied: counted once
     assert f"model: {n:,} parameters" in r.stdout
+    counted = subprocess.run([sys.executable, "-c", "from gptlib.accounting import count_params; from model import "
+                              "GPTConfig; print(count_params(GPTConfig(block_size=1024, vocab_size=50304, n_layer=2, "
+                              "n_head=2, n_embd=32, swiglu=True)))"], cwd=copy, capture_output=True, text=True)
+    assert counted.stdout.strip() == str(n), counted.stderr  # what MFU and the GPU's memory fit count
     r = run("--max_steps=3")  # resumed: the run's own swiglu
     assert r.returncode == 0 and "resuming from" in r.stdout, r.stderr
     assert torch.load(copy / "log" / "model_000003.pt", weights_only=True)["config"]["swiglu"] is True

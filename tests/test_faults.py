@@ -4,6 +4,7 @@ import errno
 import glob
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """train_gpt2.py through its real entry points (python and torchrun, gloo) on tiny CPU configurations."""
 import dataclasses
 import glob
-import json
 import math
 import os
 import shutil
@@ -160,8 +159,8 @@ def test_finished_run_and_changed_shape(tmp_path, capsys, text, reference):
     assert train_gpt2.main([f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
     assert "model_000010.pt is damaged" in said and (log / "model_000010.pt.damaged").exists()
-    assert (f"already finished at step 8 (max_steps=8): nothing to do. Raise --max_steps to train further, or "
-            f"start afresh with --log_dir=NEW\n") in said
+    assert ("already finished at step 8 (max_steps=8): nothing to do. Raise --max_steps to train further, or "
+            "start afresh with --log_dir=NEW\n") in said
 
 
 @pytest.mark.slow
@@ -405,8 +404,9 @@ def test_size_and_recipe_presets(tmp_path, text):
         assert origin["source"]["n_embd"] == "the --size=350M preset" and origin["source"]["n_layer"] == "this command"
     s, _, origin = decide(tmp_path, {"n_layer": 12, "n_embd": 768, "data_root": text}, cpu)
     assert (s.n_layer, s.n_head, s.n_kv_head, s.n_embd, s.T) == (12, 12, 12, 768, 128)  # T: the laptop's
-    assert origin["notes"][0].startswith("presets laptop (no CUDA device: training on the CPU); "
-                                         "--recipe=modern: ") and "n_head" not in origin["notes"][0]
+    assert origin["notes"][0].startswith("presets laptop (no CUDA device: training on the CPU); --recipe=modern "
+                                         "(the command's shape, whole: theirs left out): ")
+    assert "n_head" not in origin["notes"][0]
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
         s, _, _ = decide(tmp_path, {"size": size, "data_root": text}, gpu)
         assert (s.n_layer, s.n_embd) == (layers, width) and s.n_embd % s.n_head == 0
