@@ -128,6 +128,24 @@ def test_newest_valid(tmp_path):
         newest_valid(str(tmp_path), notes.append)
     assert checkpoints(str(tmp_path)) == []  # the same as when an older one verifies: each damaged moved aside
     assert len(notes) == 3 and all(note.endswith(".pt.damaged") for note in notes)
+    save_checkpoint({**state(), "step": 2}, str(tmp_path / "model_000002.pt"))  # damaged again: both kept
+    (tmp_path / "model_000002.pt").write_bytes(b"PK")
+    with pytest.raises(CheckpointError):
+        newest_valid(str(tmp_path), notes.append)
+    assert notes[-1].endswith("moved aside to model_000002.pt.damaged.1")
+    assert (tmp_path / "model_000002.pt.damaged").exists() and (tmp_path / "model_000002.pt.damaged.1").exists()
+
+
+def test_a_checkpoint_of_another_model_py_is_one_line_and_not_moved_aside(tmp_path):
+    """A model option another copy of model.py has (swiglu) and this one lacks: one line naming it, and the
+    checkpoint, which is not damaged, stays where it is."""
+    path = str(tmp_path / "model_000002.pt")
+    ckpt = state()
+    save_checkpoint({**ckpt, "model_config": {**ckpt["model_config"], "swiglu": True}}, path)
+    for read in (lambda: load_checkpoint(path), lambda: newest_valid(str(tmp_path))):
+        with pytest.raises(UserError, match="holds a model with swiglu, which this model.py's GPTConfig lacks"):
+            read()
+    assert os.path.exists(path)
 
 
 @pytest.mark.parametrize("name", ["sample", "hellaswag"])

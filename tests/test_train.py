@@ -318,6 +318,10 @@ def test_what_a_resume_may_change():
     cfg, _, _ = settings.continued(dict(block, rotary=True), {"config": old, "block": ran, "model_config": model},
                                    {"init_from": "resume"}, "log")
     assert cfg["init_from"] == "scratch" and cfg["rotary"] is False
+    # the fits to a machine (B to its GPU, eager where torch.compile failed) are not the run's: made again
+    fitted = {**meta, "settings": dict(saved, compile=True, B=64), "config": dict(saved, compile=False, B=16)}
+    cfg, _, _ = settings.continued(block, fitted, {}, "log")
+    assert (cfg["compile"], cfg["B"]) == (True, 64)
     # this machine's device, dtype and collective timeout are the block's and this command's, said as such
     cfg, source, _ = settings.continued(block, {**meta, "config": dict(saved, dtype="fp16")}, {}, "log")
     assert cfg["dtype"] == "auto" and source["dtype"] == "the settings block"
