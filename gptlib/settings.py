@@ -184,8 +184,8 @@ def continued(block, meta, given, log_dir):
     model = dataclasses.asdict(GPTConfig(**meta["model_config"]))  # a field added since: its default
     saved = {**block, **{k: model[k] for k in model_fields(block)},
              **absolute({k: v for k, v in meta.get("settings", meta["config"]).items() if k in block})}
-    ran = meta.get("block", block)  # the block of the command that wrote it (older checkpoints: none)
-    edited = {k: v for k, v in block.items() if k in ran and ran[k] != v or k in RUNTIME}  # RUNTIME: ours
+    ran = meta.get("block", block)  # the block that wrote it (none: older); a line added since: vs the run's
+    edited = {k: v for k, v in block.items() if (ran[k] if k in ran else saved[k]) != v or k in RUNTIME}
     cfg = {**saved, **absolute(edited), **given}
     cfg["init_from"] = saved["init_from"] if cfg["init_from"] == "resume" else cfg["init_from"]  # its origin
     source = {**dict.fromkeys(edited, "the settings block"), **dict.fromkeys(given, "this command")}

@@ -316,9 +316,11 @@ def test_what_a_resume_may_change():
     # settings and block lack) has the weights' value, not the block's
     old = {k: v for k, v in saved.items() if k != "rotary"}
     ran = {k: v for k, v in block.items() if k != "rotary"}
-    cfg, _, _ = settings.continued(dict(block, rotary=True), {"config": old, "block": ran, "model_config": model},
+    cfg, _, _ = settings.continued(block, {"config": old, "block": ran, "model_config": model},
                                    {"init_from": "resume"}, "log")
     assert cfg["init_from"] == "scratch" and cfg["rotary"] is False
+    with pytest.raises(UserError, match=r"has rotary=False \(now True, the settings block\)"):  # a line added
+        settings.continued(dict(block, rotary=True), {"config": old, "block": ran, "model_config": model}, {}, "log")
     # the fits to a machine (B to its GPU, eager where torch.compile failed) are not the run's: made again
     fitted = {**meta, "settings": dict(saved, compile=True, B=64), "config": dict(saved, compile=False, B=16)}
     cfg, _, _ = settings.continued(block, fitted, {}, "log")
