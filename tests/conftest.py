@@ -230,7 +230,8 @@ def trained_modern(seed=0):
 # (pytest.ini's --no-loadscope-reorder keeps this order: xdist's own puts the files with most tests first,
 # and test_compile.py ran alone for the last 150 s of a 650 s suite). Each worker starts on two of these.
 LONGEST_FIRST = ("test_train.py", "test_fsdp.py", "test_faults.py", "test_compile.py", "test_core.py",
-                 "test_bench.py", "test_eval.py", "test_sample_plot.py", "test_data.py")
+                 "test_bench.py", "test_eval.py", "test_laptop.py", "test_edits.py", "test_sample_plot.py",
+                 "test_data.py")
 
 
 def pytest_collection_modifyitems(items):
