@@ -225,8 +225,8 @@ def start_run(s, rt, resume, origin):
         run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
     remove_stale_writes(s.log_dir, rt)
-    if resume is None and not s.eval_only and os.path.exists(run.log.path):  # an attempt with no checkpoint
-        run.log.set_aside()  # is not resumed: its log is kept aside
+    if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
+        run.log.set_aside()
     for note in [] if s.eval_only else room_note(s.log_dir, model.num_params()):
         print0(f"NOTE: {note}")
         origin["notes"].append(note)
@@ -246,24 +246,23 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank."""
+    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank. Both
+    evaluations are tokenized and packed here, once for every evaluation of the run: HellaSwag in batches of
+    rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few block_sizes."""
     args = (s.B, s.T, rt.rank, rt.world_size)
     # eval_only reads no train split: a folder of validation shards alone will do (fineweb.py --speedrun_val)
     train = None if s.eval_only else DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
     val = DataLoaderLite(*args, "val", s.data_root)
-    examples = prepare_evals(s, rt, "hellaswag") if s.hellaswag else None  # None: off
-    return train, val, examples, prepare_evals(s, rt, "core") if s.core else None
-
-
-def prepare_evals(s, rt, which):
-    """HellaSwag's or CORE's examples, tokenized and packed once for every evaluation of the run: HellaSwag in
-    batches of rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few
-    block_sizes."""
-    if which == "hellaswag":
-        examples = load_examples(s.hellaswag_data or None, s.hellaswag, option="--hellaswag_data")
-        return hellaswag_prepare(examples, rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
-    tasks = core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle")
-    return core_eval.Prepared(tasks, rt, max(1, (s.eval_B or s.B) // 4), s.block_size)
+    examples = None
+    if s.hellaswag > 0:
+        examples = hellaswag_prepare(load_examples(s.hellaswag_data or None, s.hellaswag,
+                                                   option="--hellaswag_data"),
+                                     rt, max(1, (s.eval_B or s.B) * s.T // 384), s.block_size)
+    core = None
+    if s.core > 0:
+        core = core_eval.Prepared(core_eval.load_tasks(s.core_bundle or None, s.core, option="--core_bundle"),
+                                  rt, max(1, (s.eval_B or s.B) // 4), s.block_size)
+    return train, val, examples, core
 
 
 def wrap_model(raw_model, s, rt):

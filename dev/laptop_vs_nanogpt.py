@@ -69,7 +69,7 @@ sys.path.insert(0, ROOT)
 from dataloader import DataLoaderLite  # noqa: E402
 from gptlib.checkpoint import checkpoints, load_checkpoint, load_model  # noqa: E402
 from gptlib.engine import Engine  # noqa: E402
-from gptlib.errors import UserError, check_range, command_line, main_guard  # noqa: E402
+from gptlib.errors import UserError, check_range, command_line, main_guard, plural  # noqa: E402
 from gptlib.runtime import Runtime  # noqa: E402
 from gptlib.settings import SHAKESPEARE  # noqa: E402
 from gptlib.tokenizer import get_encoding, token_bytes  # noqa: E402
@@ -301,7 +301,7 @@ def main():
     peer = check_peer(args.peer)
     if args.keep and os.path.exists(args.keep):
         raise UserError(f"--keep {args.keep} exists: name a new folder")
-    rounds = f"{args.pairs} round{'s' if args.pairs != 1 else ''}"
+    rounds = plural(args.pairs, "round")
     candidates = args.ours if args.ours is not None else [""]
     sides = ([] if args.only == "peer" else [("ours", f) for f in candidates]) + \
         ([] if args.only == "ours" else [("peer", args.peer_flags)])

@@ -18,7 +18,7 @@ import urllib.parse
 import torch
 import torch.distributed as dist
 
-from gptlib.errors import PeerFailed, UserError, find_cause, first_line, say
+from gptlib.errors import PeerFailed, UserError, find_cause, first_line, plural, say
 
 
 MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.txt)
@@ -255,7 +255,7 @@ def use_gpu(rt, dtype):
     local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
     if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it; LOCAL_RANK 0 says
         raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "
-                        f"{gpus} GPU{'s' if gpus != 1 else ''} visible (CUDA_VISIBLE_DEVICES="
+                        f"{plural(gpus, 'GPU')} visible (CUDA_VISIBLE_DEVICES="
                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one process a GPU, so use "
                         f"--nproc_per_node={gpus}")
     rt.device = f"cuda:{rt.local_rank}"
@@ -382,7 +382,7 @@ def agreed(e, rt):
 def stop_everywhere(error, rt):
     """This rank's line to stop with (None: go on), a UserError on every rank: the lowest rank with a line
     says it, the others stop silently (together)."""
-    with together(rt) if rt.distributed else contextlib.nullcontext():
+    with together(rt):
         if error:
             raise UserError(error)
 

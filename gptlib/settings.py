@@ -124,40 +124,40 @@ def first_start(block, given, rt):
     if weights and set(RECIPES.get(given.get("recipe"), {})) & set(model_fields(block)):
         raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): "
                         "drop it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
-    doing, presets = "evaluating" if asked["eval_only"] else "training", []  # [(name, settings)], later wins
+    doing, presets = "evaluating" if asked["eval_only"] else "training", []  # [(name, why, settings)]
     if "data_root" not in given and block["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
             raise UserError(f"no shards in {os.path.abspath(FINEWEB_DIR)} (data_root is relative to the "
                             f"directory you run from): make them there with `python fineweb.py`, pass "
                             f"--data_root=PATH, or try it on Shakespeare with --data_root=input.txt")
-        presets.append((f"input.txt (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: {doing} "
-                        "on input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
+        presets.append(("input.txt", f" (no shards in {FINEWEB_DIR}/, which `python fineweb.py` makes: "
+                        f"{doing} on input.txt)", {"data_root": SHAKESPEARE, **SHAKESPEARE_CONFIG}))
     elif os.path.abspath(asked["data_root"]) == SHAKESPEARE:
-        presets.append(("input.txt", SHAKESPEARE_CONFIG))
+        presets.append(("input.txt", "", SHAKESPEARE_CONFIG))
     if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
         where = "an Apple GPU (mps)" if rt.kind == "mps" else "the CPU"
         recipe = given.get("recipe", LAPTOP["recipe"])
-        presets.append((f"laptop (no CUDA device: {doing} on {where})",
+        presets.append(("laptop", f" (no CUDA device: {doing} on {where})",
                         {**LAPTOP, "max_lr": CPU_MAX_LR.get(recipe, CPU_MAX_LR["modern"])}))
     for name, table in (("recipe", RECIPES), ("size", SIZES)):
-        chosen = given.get(name, {k: v for _, d in presets for k, v in d.items()}.get(name, block[name]))
+        chosen = given.get(name, {k: v for *_, d in presets for k, v in d.items()}.get(name, block[name]))
         if chosen and chosen not in table:
             raise UserError(f"--{name}={chosen!r}: use one of {', '.join(table)}"
                             + (', or "" for the shape in the settings block' if name == "size" else ""))
         if chosen and table[chosen] and (name in given or not weights):
-            presets.append((f"--{name}={chosen}", table[chosen]))
+            presets.append((f"--{name}={chosen}", "", table[chosen]))
     shaped = any(k in given for k in (*SHAPE, "size"))  # a shape named is that shape, whole
     held = (*model_fields(block), "recipe", *RECIPES["modern"]) if weights else ()
     preset, source = {}, {}
-    for name, values in presets:
+    for name, _, values in presets:
         for k, v in values.items():
-            whole = shaped and k in SHAPE and not name.startswith("--size")  # the command's shape, whole
+            whole = shaped and k in SHAPE and values is not SIZES.get(asked["size"])  # the command's shape
             if k not in given and k not in held and not whole:
-                preset[k], source[k] = v, f"the {name.split(' (')[0]} preset"
+                preset[k], source[k] = v, f"the {name} preset"
     preset = {k: v for k, v in preset.items() if v != block[k]}
     source = {**{k: source[k] for k in preset}, **dict.fromkeys(given, "this command")}
-    whole = " (the command's shape, whole: theirs left out)" if shaped else ""
-    notes = [f"presets {'; '.join(name for name, _ in presets)}{whole}: " + ", ".join(
+    left_out = " (the command's shape, whole: theirs left out)" if shaped else ""
+    notes = [f"presets {'; '.join(name + why for name, why, _ in presets)}{left_out}: " + ", ".join(
         f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
     return {**absolute(block), **preset, **given}, source, notes
 
