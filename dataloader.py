@@ -200,10 +200,6 @@ class DataLoaderLite:
             # so a saved position, does not depend on B or the number of processes
             self.skipped = [(name, len(tokens)) for (name, tokens), ok in zip(self.shards, fits) if not ok]
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
-        for (name, tokens), rows in zip(self.shards, self.rows_per_shard):
-            if rows < 1 and split == "val":  # validation reads rows (read_rows), not steps
-                raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one row of T+1 = {T + 1}: "
-                                "lower T, or give the validation split more text")
         self.row_starts = np.cumsum([0] + self.rows_per_shard)  # shard k's first row in the split's rows
         self.rows_total = int(self.row_starts[-1])
         self.tokens_total = sum(len(t) for (_, t), rows in zip(self.shards, self.rows_per_shard)  # train on

@@ -156,7 +156,7 @@ def main(argv=None):
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "ms": dt * 1000,
                       "tok_s": tok_s, "mfu": util, "peak_memory": mem, "elapsed": elapsed, "eta": eta}
             record |= {"loss_scale": scale, "skipped": update == "skipped"} if scale else {}
-            stop = runtime.agree(stop_signal[0], run.log.append([record]), rt)  # every rank at the same step
+            stop = runtime.agree(rt, run.log.append([record]), stop_signal[0])  # every rank at the same step
             saved = step % s.checkpoint_interval == 0 or last or stop
             if saved:  # before the evaluation: an evaluation that fails loses no training
                 run.doing = f"writing step {step}'s checkpoint"
@@ -225,7 +225,7 @@ def start_run(s, rt, resume, origin):
         run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
     remove_stale_writes(s.log_dir, rt)
-    if resume is None and not s.eval_only:  # a fresh start: an attempt that left no checkpoint is not resumed
+    if resume is None:  # a fresh start: an earlier attempt's (or evaluation's) log is kept, not continued
         run.log.set_aside()
     for note in [] if s.eval_only else room_note(s.log_dir, model.num_params()):
         print0(f"NOTE: {note}")
@@ -306,11 +306,8 @@ def shard_model(raw_model, s, rt):
 
 
 def log_start(run):
-    """Print what this run is and write its first record: the settings, the model, the environment. An
-    evaluation's log starts afresh."""
+    """Print what this run is and write its first record: the settings, the model, the environment."""
     s, rt, model = run.s, run.rt, run.models.raw
-    if s.eval_only:  # an earlier evaluation's log (a training run's has checkpoints: refused earlier)
-        run.log.clear()
     config = dataclasses.asdict(s)
     differs = {k: v for k, v in config.items() if v != CONFIG[k]}
     print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")

@@ -11,7 +11,7 @@ import time
 
 from gptlib import runtime
 from gptlib.errors import UserError
-from gptlib.runtime import stop_everywhere
+from gptlib.runtime import agree
 from gptlib.trackers import open_trackers
 
 
@@ -32,7 +32,7 @@ def hold_log_dir(log_dir, rt, create=False):
     """Every rank: rank 0 locks log_dir for this run (a second run into it is refused in one line naming the
     first), before the resume and again when the run creates it (create=True): a refused run leaves no empty
     log_dir behind. A log_dir that cannot be written is one line, before any model is built."""
-    stop_everywhere(lock(log_dir, create) if rt.master and log_dir not in HELD else None, rt)
+    agree(rt, lock(log_dir, create) if rt.master and log_dir not in HELD else None)
 
 
 def lock(log_dir, create):
@@ -103,16 +103,11 @@ class RunLog:
 
     def log(self, records):
         """append(), with rank 0's failure a UserError on every rank (one collective when distributed)."""
-        runtime.stop_everywhere(self.append(records), self.rt)
-
-    def clear(self):
-        """Rank 0 removes the log: an evaluation's starts afresh (a training run's continues)."""
-        if runtime.is_rank0() and os.path.exists(self.path):
-            os.remove(self.path)
+        agree(self.rt, self.append(records))
 
     def set_aside(self):
-        """Rank 0 moves an earlier attempt's log (one that died before its first checkpoint: nothing to
-        continue) to metrics.N.jsonl beside it, so this run's log starts afresh and that one is kept."""
+        """Rank 0 moves an earlier attempt's log (one that died before its first checkpoint, or an earlier
+        evaluation's) to metrics.N.jsonl beside it: this run's log starts afresh, and that one is kept."""
         if not runtime.is_rank0() or not os.path.exists(self.path):
             return
         n = 1
@@ -137,7 +132,7 @@ class RunLog:
                 self.trackers = open_trackers(names, log_dir, start)
             except UserError as e:
                 error = str(e)
-        runtime.stop_everywhere(error, self.rt)
+        agree(self.rt, error)
 
     def __enter__(self):
         return self

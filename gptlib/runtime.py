@@ -379,18 +379,10 @@ def agreed(e, rt):
     return not rt.distributed or isinstance(e, PeerFailed) or getattr(e, "rank", None) is not None
 
 
-def stop_everywhere(error, rt):
-    """This rank's line to stop with (None: go on), a UserError on every rank: the lowest rank with a line
-    says it, the others stop silently (together)."""
-    with together(rt):
-        if error:
-            raise UserError(error)
-
-
-def agree(stop, error, rt):
-    """After a step, what every rank decides alike: the stop signal any rank received (returned), and a line
-    any rank has to stop with (rank 0's failure to log the step): a UserError on that rank, PeerFailed on the
-    others. One small all-reduce a step (together's agreement and the signal's in one)."""
+def agree(rt, error=None, stop=0):
+    """What every rank decides alike: a line a rank has to stop with (rank 0's failure to lock log_dir or to
+    append to the log), a UserError on that rank and PeerFailed on the others; and after a step, the stop
+    signal any rank received (returned). One small all-reduce."""
     if rt.distributed:
         flags = torch.tensor([stop, error is not None], device=rt.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)

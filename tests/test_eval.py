@@ -103,7 +103,7 @@ def test_eval_only_under_torchrun_bpb_and_run_record(tmp_path, setup):
 
 def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
     """A checkpoint's weights give the plain computation's values (one process); an earlier evaluation's log
-    in the same log_dir is replaced. Without weights, or into a training run's log_dir: one line, no
+    in the same log_dir is kept as metrics.1.jsonl, the new one starts afresh. Without weights, or into a training run's log_dir: one line, no
     log_dir."""
     import train_gpt2
     d, model, _ = setup
@@ -115,6 +115,7 @@ def test_eval_only_from_a_checkpoint_and_mistakes(tmp_path, setup):
                                    f"--log_dir={log}"]) == 0
     recs = records(log)
     (val,) = [rec for rec in recs if "val_loss" in rec]
+    assert (log / "metrics.1.jsonl").read_text() == '{"step": 0, "val_loss": 1.0}\n'  # kept aside
     assert recs[0]["event"] == "start" and recs[0]["config"]["init_from"].endswith("model_000007.pt")
     loss, bpb = plain_val(model, d / "shards")
     assert math.isclose(val["val_loss"], loss, rel_tol=1e-5)
