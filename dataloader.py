@@ -213,11 +213,7 @@ class DataLoaderLite:
         """[(name, tokens)] of the split's shards (or of a data_root file's split), memory-mapped."""
         if not os.path.isfile(data_root):
             return open_shards(data_root, split)
-        if not data_root.endswith(DOCUMENT_FILES):
-            raise UserError(f"data_root {data_root}: a file data_root holds documents "
-                            f"({', '.join(DOCUMENT_FILES)}: input.txt, say); for shards give their "
-                            "folder, and name a plain-text file .txt")
-        tokens = tokenize_file(data_root)
+        tokens = tokenize_file(data_root)  # a file of another kind: one line naming the kinds
         cut = split_point(len(tokens))
         return [(f"{data_root} ({split} split)", tokens[:cut] if split == "train" else tokens[cut:])]
 

@@ -31,7 +31,7 @@ import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
 from gptlib.accounting import memory_estimate, mfu, micro_batches, peak_flops
-from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
+from gptlib.checkpoint import load_model, room_note, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, plural, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
@@ -224,7 +224,6 @@ def start_run(s, rt, resume, origin):
     if resume is not None:  # its weights, optimizer, loader position; its log after the checkpoint dropped
         run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
-    remove_stale_writes(s.log_dir, rt)
     if resume is None:  # a fresh start: an earlier attempt's (or evaluation's) log is kept, not continued
         run.log.set_aside()
     for note in [] if s.eval_only else room_note(s.log_dir, model.num_params()):
@@ -246,9 +245,8 @@ def build_model(s, resume):
 
 
 def load_data(s, rt):
-    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank. Both
-    evaluations are tokenized and packed here, once for every evaluation of the run: HellaSwag in batches of
-    rows of <= 336 tokens that hold about a micro-batch of tokens, CORE in rows of up to a few block_sizes."""
+    """(train loader, val loader, HellaSwag's batches, CORE's tasks; each None when off) for this rank: both
+    evaluations tokenized and packed once for the run, in batches of about a micro-batch of tokens."""
     args = (s.B, s.T, rt.rank, rt.world_size)
     # eval_only reads no train split: a folder of validation shards alone will do (fineweb.py --speedrun_val)
     train = None if s.eval_only else DataLoaderLite(*args, "train", s.data_root, s.shuffle, s.seed)
@@ -452,11 +450,9 @@ def diverged(run, loss, norm):
 
 @contextlib.contextmanager
 def failure_hints(run):
-    """The failures of a step or a checkpoint that name their fix, with the newest checkpoint: the GPU out of
-    memory (also inside compiled code) is a RankError naming the B to try; a collective that lost another
-    process (it hangs, and this one waited collective_timeout; or it ended: it failed where the ranks could
-    not agree, and said why, or was killed) a UserError naming what this one was doing. Other errors pass
-    through (an evaluation's: evaluate_or_stop)."""
+    """A step's or a checkpoint's failures that name their fix and the newest checkpoint: out of GPU memory
+    (inside compiled code too), a RankError naming the B to try; a collective that lost another process (it
+    hangs, or it ended), a UserError naming what this one was doing. Others pass through."""
     try:
         yield
     except Exception as e:

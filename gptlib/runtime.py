@@ -25,8 +25,7 @@ MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.t
 
 
 def torch_older_than(version):
-    """Whether this torch is older than version (major, minor). A build of that version counts as it:
-    2.9.0a0+git... (NVIDIA's containers) is 2.9."""
+    """Whether this torch is older than version (major, minor); 2.9.0a0+git... (NVIDIA's containers) is 2.9."""
     return tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", torch.__version__).groups()) < version
 
 
@@ -59,9 +58,8 @@ def print0(*args):
 @contextlib.contextmanager
 def catch_stop_signals():
     """While it lasts, a one-item list that SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 (Slurm's warning before the
-    time limit, --signal=USR1@SECONDS) set to their number, said at once: the step in progress finishes, a
-    checkpoint is written (no evaluation first), and the run exits with 128 + signal. A second signal stops
-    the process at once, without a checkpoint. The handlers before are restored after."""
+    time limit, --signal=USR1@SECONDS) set to their number, said at once: the step in progress finishes and a
+    checkpoint is written. A second signal stops the process at once, without a checkpoint."""
     received = [0]
 
     def handler(signum, frame):
@@ -142,8 +140,7 @@ def reset_peak_memory(device):
 
 
 def peak_memory(device):
-    """Bytes allocated at most on a CUDA device since reset_peak_memory (what a step needs, the figure to
-    choose B by); None for other devices."""
+    """Bytes allocated at most on a CUDA device since reset_peak_memory (what a step needs); None elsewhere."""
     return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
 
 
@@ -157,9 +154,8 @@ def synchronize(device):
 
 
 def device_name(device):
-    """A device's name for logs and reports: the GPU's; for a CPU its model and cores, and whether it has bf16
-    matmul instructions (AVX-512-BF16 or AMX): without them PyTorch emulates bf16 and runs it many times
-    slower."""
+    """A device's name for logs and reports: the GPU's; a CPU's model, cores and whether it has bf16 matmul
+    instructions (AVX-512-BF16 or AMX: without them PyTorch emulates bf16, many times slower)."""
     kind = torch.device(device).type
     if kind == "cuda":
         return torch.cuda.get_device_name(device)
@@ -212,8 +208,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 def setup(device="auto", dtype="auto", timeout=None):
     """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), its device and dtype
-    (use_gpu), the process groups under torchrun (join). A device or dtype that cannot work here is a
-    UserError."""
+    (use_gpu), the process groups under torchrun (join); a UserError for a device or dtype not here."""
     distributed = "RANK" in os.environ
     rt = torchrun_ranks() if distributed else Runtime()
     rt.kind = rt.device = pick_device(device)
@@ -380,9 +375,8 @@ def agreed(e, rt):
 
 
 def agree(rt, error=None, stop=0):
-    """What every rank decides alike: a line a rank has to stop with (rank 0's failure to lock log_dir or to
-    append to the log), a UserError on that rank and PeerFailed on the others; and after a step, the stop
-    signal any rank received (returned). One small all-reduce."""
+    """What every rank decides alike, in one small all-reduce: a line a rank has to stop with (error: a
+    UserError there, PeerFailed on the others), and after a step the stop signal any rank received."""
     if rt.distributed:
         flags = torch.tensor([stop, error is not None], device=rt.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -442,9 +436,8 @@ def exit_process(status, wait=True):
 
 
 def run_info(rt, compiled, optimizers):
-    """What ran this run, for the first record of its log (plot.py --baseline compares two): versions, the
-    devices of all ranks, the code's commit, and the choices made at start-up. Every rank must call it (it
-    gathers the device names)."""
+    """What ran this run, for its log's first record (plot.py --baseline compares two): versions, every rank's
+    device (gathered: every rank calls it), the code's commit, the choices made at start-up."""
     me = (socket.gethostname(), device_name(rt.device))
     everyone = all_gather(me) if rt.distributed else [me]
     commit, dirty = git_state()

@@ -167,7 +167,8 @@ def iter_file(path, text_field="text"):
     readers = {".txt": read_txt, ".jsonl": iter_jsonl_texts, ".parquet": iter_parquet}
     kind = next((ext for ext in readers if path.endswith(ext)), None)
     if kind is None:
-        raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files")
+        raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files "
+                        "(name a plain-text file .txt; token shards: give their folder)")
     return readers[kind](path, text_field)
 
 

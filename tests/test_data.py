@@ -528,7 +528,8 @@ def test_document_file_roots(tmp_path):
     write_docs(tmp_path / "docs.jsonl", DOCS[:20])
     assert np.array_equal(tokenize_file(str(tmp_path / "docs.jsonl")), reference(DOCS[:20]))
     (tmp_path / "notes.md").write_text("# notes")
-    with pytest.raises(UserError, match="a file data_root holds documents .*name a plain-text file .txt"):
+    with pytest.raises(UserError, match=r"notes.md: unsupported file type; documents come in .jsonl, .parquet, "
+                                        r".txt files \(name a plain-text file .txt; token shards: give"):
         DataLoaderLite(1, 8, data_root=str(tmp_path / "notes.md"))
     with pytest.raises(UserError, match=f"holds documents .*, not token shards: tokenize them once with "
                                         f"`python fineweb.py --input {tmp_path} --out_dir "
