@@ -58,9 +58,8 @@ class GPTConfig:
             raise UserError(f"rotary=True needs an even head size: n_embd / n_head = {self.n_embd} / "
                             f"{self.n_head} = {self.head_dim} (rotary turns pairs of a head's dimensions)")
         if self.n_head % self.n_kv_head:
-            raise UserError(f"n_head={self.n_head} must be divisible by "
-                            f"n_kv_head={self.n_kv_head} (each K/V head serves n_head / n_kv_head query "
-                            "heads)")
+            raise UserError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head} (each K/V "
+                            "head serves n_head / n_kv_head query heads)")
 
     @property
     def head_dim(self):
@@ -312,9 +311,8 @@ class GPT(nn.Module):
         B, T = idx.size()
         pos, attn_mask, select = packing or Packing()
         if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop "
-                             f"the input to the last {self.config.block_size} tokens or use a larger "
-                             "block_size")
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop the input "
+                             f"to the last {self.config.block_size} tokens or use a larger block_size")
         if cache is not None:  # query t sees the cached keys at positions <= pos[t]
             pos, keys = cache.pos, torch.arange(cache.span, device=idx.device)  # span: block_size, or fewer
             attn_mask = (keys <= pos[:, None])[None]  # (1, T, span)
