@@ -311,8 +311,8 @@ class GPT(nn.Module):
         B, T = idx.size()
         pos, attn_mask, select = packing or Packing()
         if T > self.config.block_size and (pos is None or pos.dim() == 1):  # packed rows: their positions
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop the input "
-                             f"to the last {self.config.block_size} tokens or use a larger block_size")
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: crop the "
+                             f"input to the last {self.config.block_size} tokens or use a larger block_size")
         if cache is not None:  # query t sees the cached keys at positions <= pos[t]
             pos, keys = cache.pos, torch.arange(cache.span, device=idx.device)  # span: block_size, or fewer
             attn_mask = (keys <= pos[:, None])[None]  # (1, T, span)
