@@ -46,7 +46,7 @@ from torch._inductor import config as inductor_config
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptlib import gpu_check, runtime
-from gptlib.accounting import count_params, flops_per_token, memory_bandwidth, peak_flops, training_memory
+from gptlib.accounting import count_params, memory_bandwidth, mfu, peak_flops, training_memory
 from gptlib.engine import Engine, own_copy, pick
 from gptlib.errors import UserError, check_range, command_line, main_guard
 from gptlib.optimizers import ROLES, make_optimizers
@@ -55,6 +55,7 @@ from gptlib.runtime import TORCH_DTYPES, autocast, device_name, is_out_of_memory
 from model import GPT, GPT2_SIZES, GPTConfig
 from train_gpt2 import CONFIG, Models, train_step
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
 RUNGS = [  # (name, the switch it turns on); each rung keeps the switches of the rungs above it. Fused
     # attention comes before compile (the reproductions turn it on after): then only two rungs compile a graph
     # of their own (the fused AdamW rung's is the vocab rung's, a cache hit), ~45 s less on an H100
@@ -74,6 +75,21 @@ def fmt_bytes(n):
 def spread(times):
     """The range of step times, in ms."""
     return f"{min(times) * 1000:.1f}-{max(times) * 1000:.1f}"
+
+
+def shown(lines):
+    """lines, printed at once (a part's rows appear as each is measured)."""
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def timed(fn, device="cpu"):
+    """(fn(), its seconds), the device synchronised before and after (host work: the default)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - t0
 
 
 def build(size, s, device):
@@ -101,10 +117,8 @@ def training_step(size, s, B, T, rt, lever=None):
                                  **{k: v for k, v in how.items() if k in ("mode", "options")})
     models = Models(model, compiled, compiled, s["compile"])
     batch = [tuple(torch.randint(0, 50257, (B, T), device=rt.device) for _ in "xy")]  # fixed random tokens
-    def step():
-        if "sdpa" not in how:
-            return train_step(batch, models, opts, no_scaling, rung, 1.0)
-        with sdpa_kernel(getattr(SDPBackend, how["sdpa"])):  # the backend is chosen when the graph is traced
+    def step():  # an SDPA backend is chosen when the graph is traced
+        with sdpa_kernel(getattr(SDPBackend, how["sdpa"])) if "sdpa" in how else contextlib.nullcontext():
             return train_step(batch, models, opts, no_scaling, rung, 1.0)
     return step
 
@@ -123,23 +137,16 @@ def settled(times, warmup):
 def time_steps(step, device, steps, warmup):
     """(median seconds per call of step() after warm-up, the peak memory (CUDA), the seconds of each call
     after warm-up). The warm-up's time over as many steady calls goes to WARMING."""
-    times = []
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    for i in range(warmup + steps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
+    times = [timed(step, device)[1] for _ in range(warmup + steps)]
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
     return settled(times, warmup), peak, times[warmup:]
 
 
 def rungs(skip):
-    """The ladder's rows, (label, switch) of each rung but skip's: a skipped switch stays off in every later
-    rung too."""
+    """The ladder's rows, (label, switch) of each rung but skip's, whose switch stays off in later rungs."""
     return [(LABEL[name], switch) for name, switch in RUNGS if name not in skip]
 
 
@@ -148,9 +155,8 @@ def ladder(size, B, T, rt, steps, warmup, rows):
     device = rt.kind
     peak = peak_flops(torch.cuda.get_device_name()) if device == "cuda" else None
     s, prev = dict(BASE), None
-    lines = ["| rung | ms/step | range | tok/s | MFU | peak memory | speed-up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    print("\n".join(lines), flush=True)
+    lines = shown(["| rung | ms/step | range | tok/s | MFU | peak memory | speed-up |",
+                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"])
     for label, switch in rows:
         s.update(switch)
         try:
@@ -160,16 +166,13 @@ def ladder(size, B, T, rt, steps, warmup, rows):
             if not is_out_of_memory(e):
                 raise
             step = dt = mem = prev = None
-            lines.append(f"| {label} | out of memory at B={B} | | | | | |")
-            print(lines[-1], flush=True)
+            lines += shown([f"| {label} | out of memory at B={B} | | | | | |"])
             continue
         tok_s = B * T / dt
-        config = GPTConfig(**size, vocab_size=s["vocab_size"])
-        util = None if peak is None else flops_per_token(config, T) * tok_s / peak
-        lines.append(f"| {label} | {dt * 1000:.1f} | {spread(times)} | {tok_s:,.0f} | "
-                     f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
-                     f"{'' if prev is None else f'{prev / dt:.2f}x'} |")
-        print(lines[-1], flush=True)
+        util = mfu(GPTConfig(**size, vocab_size=s["vocab_size"]), tok_s, peak, T)
+        lines += shown([f"| {label} | {dt * 1000:.1f} | {spread(times)} | {tok_s:,.0f} | "
+                        f"{'n/a' if util is None else f'{util:.1%}'} | {fmt_bytes(mem)} | "
+                        f"{'' if prev is None else f'{prev / dt:.2f}x'} |"])
         prev = dt
     return lines, s, mem, step, dt  # the table; the last rung's settings, peak memory, step and its time
 
@@ -236,8 +239,7 @@ def compile_apart(lever, size, s, B, T, device, limit):
     be interrupted inside a process, a process group (its compile workers too) can."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     from gptlib.gpu_report import run_section
-    root = os.path.dirname(os.path.abspath(__file__))
-    argv = [sys.executable, "-c", LEVER_RUNNER, root, json.dumps([lever, size, s, B, T, device])]
+    argv = [sys.executable, "-c", LEVER_RUNNER, ROOT, json.dumps([lever, size, s, B, T, device])]
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         rc = run_section(argv, os.path.join(tmp, "lever.log"), t0 + limit, cache_dir(), session=False)
@@ -249,26 +251,22 @@ def levers(size, s, B, T, rt, steps, warmup, names=tuple(LEVERS)):
     up (the lever's compiling: its warm-up over as many settled steps), then timed in turns, ROUNDS of
     steps / ROUNDS each; each side's median and range, the ratio of the medians, its peak memory over what
     was held before its steps (both sides' weights and optimizer states stay), the attention it ran."""
-    cuda = rt.kind == "cuda"
     default = training_step(size, s, B, T, rt)
     before = WARMING[0]
     time_steps(default, rt.kind, 1, warmup)
     how, per = "compiled" if s["compile"] else "eager", max(1, steps // ROUNDS)
-    lines = [f"the levers, each a variant of the step at B={B}, T={T} ({how}; the default's compiling "
-             f"{WARMING[0] - before:.1f} s, its attention "
-             f"{attention_ran(default)}), A/B in turns against it, {ROUNDS} rounds, medians of "
-             f"{ROUNDS * per} steps after {warmup} warm-up; a lever wins at {WINS:.2f}x or more without more "
-             "memory:", "",
-             "| lever | default ms/step | lever ms/step (range) | tok/s | lever / default | compiling | "
-             "peak over what was held, default / lever | attention | wins |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    print("\n".join(lines), flush=True)
+    lines = shown([f"the levers, each a variant of the step at B={B}, T={T} ({how}; the default's "
+                   f"compiling {WARMING[0] - before:.1f} s, its attention {attention_ran(default)}), A/B in "
+                   f"turns against it, {ROUNDS} rounds, medians of {ROUNDS * per} steps after {warmup} "
+                   f"warm-up; a lever wins at {WINS:.2f}x or more without more memory:", "",
+                   "| lever | default ms/step | lever ms/step (range) | tok/s | lever / default | compiling "
+                   "| peak over what was held, default / lever | attention | wins |",
+                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"])
     for lever in names:
         label = LEVERS[lever][0]
         why, apart = unavailable(lever, s, rt, size, B, T)
         if why:
-            lines.append(f"| {label} | n/a: {why} | | | | | | | |")
-            print(lines[-1], flush=True)
+            lines += shown([f"| {label} | n/a: {why} | | | | | | | |"])
             continue
         step, before = training_step(size, s, B, T, rt, lever), WARMING[0]
         # Inductor's caches key on the graph before SDPA's backend is chosen: they would give the default's
@@ -279,18 +277,17 @@ def levers(size, s, B, T, rt, steps, warmup, names=tuple(LEVERS)):
         times, peaks = {default: [], step: []}, {default: 0, step: 0}
         for _ in range(ROUNDS):
             for side in times:
-                held = torch.cuda.memory_allocated() if cuda else 0
+                held = torch.cuda.memory_allocated() if rt.kind == "cuda" else 0
                 _, peak, seconds = time_steps(side, rt.kind, per, 1)
                 times[side] += seconds
                 peaks[side] = None if peak is None else max(peaks[side], peak - held)
         a, b = (statistics.median(times[side]) for side in (default, step))
         more = peaks[step] is not None and peaks[step] > peaks[default]
-        lines.append(f"| {label} | {a * 1000:.1f} | {b * 1000:.1f} ({spread(times[step])}) | "
-                     f"{B * T / b:,.0f} | {a / b:.3f}x | "
-                     + ("" if apart is None else f"{apart:.0f} s apart + ")
-                     + f"{here:.1f} s | {fmt_bytes(peaks[default])} / {fmt_bytes(peaks[step])} | "
-                     f"{attention_ran(step)} | {'yes' if a / b >= WINS and not more else 'no'} |")
-        print(lines[-1], flush=True)
+        lines += shown([f"| {label} | {a * 1000:.1f} | {b * 1000:.1f} ({spread(times[step])}) | "
+                        f"{B * T / b:,.0f} | {a / b:.3f}x | "
+                        + ("" if apart is None else f"{apart:.0f} s apart + ")
+                        + f"{here:.1f} s | {fmt_bytes(peaks[default])} / {fmt_bytes(peaks[step])} | "
+                        f"{attention_ran(step)} | {'yes' if a / b >= WINS and not more else 'no'} |"])
         del step, times, peaks  # the lever's model and optimizer: the next one's memory
     return lines + [""]
 
@@ -417,44 +414,36 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
     bandwidth = memory_bandwidth(torch.cuda.get_device_name(device)) if rt.kind == "cuda" else None
     how = "compiled decode step, CUDA graph" if compile and rt.kind == "cuda" else \
         "compiled decode step" if compile else "eager"
-    lines = [f"generation (greedy, prompt {prompt_len} tokens, {rt.dtype}; KV-cache: {how}; bandwidth: the "
-             f"weights and the whole cache read once a decode step"
-             + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
-             "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing tok/s "
-             f"| cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, A/B in "
-             f"turns (batch {span_at}) | same tokens |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    print("\n".join(lines), flush=True)
+    lines = shown([f"generation (greedy, prompt {prompt_len} tokens, {rt.dtype}; KV-cache: {how}; "
+                   "bandwidth: the weights and the whole cache read once a decode step"
+                   + ("" if bandwidth is None else f", of the GPU's {bandwidth / 1e9:,.0f} GB/s") + "):", "",
+                   "| batch | new tokens | KV-cache tok/s | first token | bandwidth used | recomputing "
+                   f"tok/s | cache / recompute | same tokens | compiling and warm-up | --span {span}: tok/s, "
+                   f"A/B in turns (batch {span_at}) | same tokens |",
+                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"])
     warmed = set()
-
-    def timed(fn):
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        return out, time.perf_counter() - t0
     for batch, new in runs:
         idx = torch.randint(0, 50257, (batch, prompt_len), device=device)
         seconds, outs, warm = {}, {}, ""
         with autocast(device, rt.dtype):
             if batch not in warmed:  # a decode step per batch size: compiled and captured once
-                warm = timed(lambda: engine.generate(idx, 2, top_k=1))[1]
-                if batch == span_at:
-                    warm += timed(lambda: spanned.generate(idx, new, top_k=1))[1]  # each span's graph, once
+                warm = timed(lambda: engine.generate(idx, 2, top_k=1), device)[1]
+                if batch == span_at:  # each span's graph, once
+                    warm += timed(lambda: spanned.generate(idx, new, top_k=1), device)[1]
                 WARMING[0] += warm
                 warm = f"{warm:.1f} s"
                 warmed.add(batch)
-            _, first = timed(lambda: engine.generate(idx, 1, top_k=1))
+            _, first = timed(lambda: engine.generate(idx, 1, top_k=1), device)
             for use_cache in (True, False):
                 # recomputing: the second run is timed, the first's extra (a plan per new length) is warm-up
-                tries = [timed(lambda: engine.generate(idx, new, top_k=1, use_cache=use_cache))
+                tries = [timed(lambda: engine.generate(idx, new, top_k=1, use_cache=use_cache), device)
                          for _ in range(1 if use_cache else 2)]
                 outs[use_cache], seconds[use_cache] = tries[-1]
                 settled([dt for _, dt in tries], len(tries) - 1)
             turns = {True: [seconds[True]], False: []}  # whole cache, then --span, in turns
             for _ in range(2 if batch == span_at else 0):
                 for whole, e in ((False, spanned), (True, engine)):
-                    outs[whole, "span"], dt = timed(lambda: e.generate(idx, new, top_k=1))
+                    outs[whole, "span"], dt = timed(lambda: e.generate(idx, new, top_k=1), device)
                     turns[whole].append(dt)
         spans = ""
         if turns[False]:
@@ -466,10 +455,9 @@ def generation(size, rt, compile, runs=((1, 256), (8, 256)), prompt_len=8):
         gbs = decode_bytes(model, batch) / per_step / 1e9
         used = f"{gbs:,.0f} GB/s" + ("" if bandwidth is None else f" ({gbs * 1e9 / bandwidth:.0%})")
         same = (outs[True] == outs[False])[:, prompt_len:].float().mean().item()
-        lines.append(f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
-                     f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
-                     f"{spans or ' |'} |")
-        print(lines[-1], flush=True)
+        lines += shown([f"| {batch} | {new} | {rates[True]:,.0f} | {first * 1000:.1f} ms | {used} | "
+                        f"{rates[False]:,.0f} | {rates[True] / rates[False]:.1f}x | {same:.0%} | {warm} | "
+                        f"{spans or ' |'} |"])
     lines.append("")
     for batch, _ in runs:
         lines += decode_breakdown(engine, model, batch, prompt_len, rt, bandwidth,
@@ -493,10 +481,8 @@ def decode_breakdown(engine, model, batch, pos, rt, bandwidth, steps=20):
     read = decode_bytes(model, batch)
     at = "the GPU's bandwidth unknown" if bandwidth is None else \
         f"{read / bandwidth * 1e6:,.0f} us at the GPU's bandwidth, {read / bandwidth / step_time:.0%} of it"
-    lines = [f"a decode step at batch {batch}: {step_time * 1000:.3f} ms; it reads at least "
-             f"{read / 1e6:,.0f} MB (the weights and the whole cache): {at}", ""] + parts + [""]
-    print("\n".join(lines), flush=True)
-    return lines
+    return shown([f"a decode step at batch {batch}: {step_time * 1000:.3f} ms; it reads at least "
+                  f"{read / 1e6:,.0f} MB (the weights and the whole cache): {at}", ""] + parts + [""])
 
 
 def memory(size, s, rt, measured):
@@ -504,7 +490,6 @@ def memory(size, s, rt, measured):
     {(B, T, compiled): peak bytes} of the steps timed in this process (the ladder's last rung, the step) with
     the last rung's settings s; an eager step at the smallest of those B is measured here."""
     config = GPTConfig(**size, vocab_size=s["vocab_size"])
-    dtype = "bf16" if s["bf16"] else "fp32"
     if rt.kind == "cuda" and measured:
         B, T, _ = min(measured)
         try:
@@ -518,10 +503,9 @@ def memory(size, s, rt, measured):
              "| step | B | T | estimate | measured peak | estimate / measured |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for (B, T, compiled), peak in sorted(measured.items()):
-        est = training_memory(config, B, T, dtype, compiled=compiled)["total"]
+        est = training_memory(config, B, T, "bf16" if s["bf16"] else "fp32", compiled=compiled)["total"]
         lines.append(f"| {'compiled' if compiled else 'eager'} | {B} | {T} | {fmt_bytes(est)} | "
-                     f"{fmt_bytes(peak)} | "
-                     f"{'n/a' if peak is None else f'{est / peak:.2f}'} |")
+                     f"{fmt_bytes(peak)} | {'n/a' if peak is None else f'{est / peak:.2f}'} |")
     return lines + [""]
 
 
@@ -530,8 +514,8 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("40 GB", 40e9), ("24 GB", 24e9))
     size, under DDP and under FSDP over `gpus` GPUs, and the largest micro-batch that fits each card by that
     estimate (within 90% of it: the rest is for the CUDA context, allocator slack and DDP's buckets), as
     settings.fit chooses B."""
-    head = ["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, "
-                                              "B=1"] + [f"B on {c} (DDP / FSDP)" for c, _ in cards]
+    head = (["size", "parameters", "DDP, B=1", f"FSDP x{gpus}, B=1"]
+            + [f"B on {c} (DDP / FSDP)" for c, _ in cards])
     lines = [f"memory per GPU by accounting.py's estimate (compiled step, bf16 autocast, AdamW, T={T}) and "
              "the largest micro-batch B that fits in 90% of a card by it:", "",
              "| " + " | ".join(head) + " |",
@@ -544,10 +528,8 @@ def presets(T, gpus=8, cards=(("80 GB", 80e9), ("40 GB", 40e9), ("24 GB", 24e9))
             per[mode] = (one, two - one)  # bytes at B=1, bytes per further sequence
         fits = [" / ".join(str(int((0.9 * cap - one) // step) + 1 if one <= 0.9 * cap else 0)
                            for one, step in per.values()) for _, cap in cards]
-        row = (f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | "
-               f"{fmt_bytes(per['FSDP'][0])} | "
-               + " | ".join(fits) + " |")
-        lines.append(row)
+        lines.append(f"| {name} | {count_params(config):,} | {fmt_bytes(per['DDP'][0])} | "
+                     f"{fmt_bytes(per['FSDP'][0])} | " + " | ".join(fits) + " |")
     return lines
 
 
@@ -591,15 +573,9 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
         path = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), n)
         examples = hellaswag.load_examples(path)
     model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
-    t0 = time.perf_counter()
-    prepared = hellaswag.prepare(examples, rt, batch_size, model.config.block_size)
-    pack = time.perf_counter() - t0
-    seconds = []
-    for _ in range(repeat):
-        synchronize(rt.device)
-        t0 = time.perf_counter()
-        result = hellaswag.evaluate(model, prepared, rt)
-        seconds.append(time.perf_counter() - t0)
+    prepared, pack = timed(lambda: hellaswag.prepare(examples, rt, batch_size, model.config.block_size))
+    runs = [timed(lambda: hellaswag.evaluate(model, prepared, rt), rt.device) for _ in range(repeat)]
+    result, seconds = runs[-1][0], [dt for _, dt in runs]
     warm = settled(seconds, 1)  # the first evaluation in the process: attention plans, kernels loaded
     source = data or f"{n} examples cut from input.txt (no --hellaswag_data)"
     lines = [f"HellaSwag ({len(examples):,} examples of {source}; {rt.dtype}, {batch_size} examples a "
@@ -609,8 +585,7 @@ def hellaswag_cost(size, rt, data, batch_size, repeat=3, n=64):
              "| ---: | ---: | ---: | ---: |",
              f"| {pack:.2f} s | {seconds[0]:.2f} s | {', '.join(f'{x:.2f} s' for x in seconds[1:])} | "
              f"{len(examples) / warm:,.0f} |", ""]
-    print("\n".join(lines), flush=True)
-    return lines
+    return shown(lines)
 
 
 def core_cost(size, rt, data, compile, batch_sizes):
@@ -623,37 +598,27 @@ def core_cost(size, rt, data, compile, batch_sizes):
     with tempfile.TemporaryDirectory() as tmp:
         source = data or gpu_check.synthetic_hellaswag(os.path.join(tmp, "hellaswag.jsonl"), 16)
         bundle = os.path.join(tmp, "bundle")
-        make = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dev", "make_core_bundle.py")
-        subprocess.run([sys.executable, make, source, bundle] + ([] if data else ["--n", "16"]), check=True,
-                       capture_output=True)
-        t0 = time.perf_counter()
-        tasks = core_eval.load_tasks(bundle)
-        read = time.perf_counter() - t0
+        subprocess.run([sys.executable, os.path.join(ROOT, "dev", "make_core_bundle.py"), source, bundle]
+                       + ([] if data else ["--n", "16"]), check=True, capture_output=True)
+        tasks, read = timed(lambda: core_eval.load_tasks(bundle))
     model = build(size, {"vocab_size": 50304, "flash": True}, rt.device).eval()  # fp32 under autocast
     n = sum(len(t.examples) for t in tasks)
     counts = ", ".join(f"{t.label} {len(t.examples):,}" for t in tasks)
-    lines = [f"CORE ({n:,} examples in {len(tasks)} tasks, {counts}, from {data or 'input.txt'}; {rt.dtype}, "
-             f"{'compiled' if compile else 'eager'}, {rt.cpus} threads tokenizing; reading the bundle "
-             f"{read:.2f} s):", "",
-             "| examples a forward | tokenize and pack | first evaluation (cold) | second (warm) "
-             "| examples/s (warm) | CORE |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    print("\n".join(lines), flush=True)
+    lines = shown([f"CORE ({n:,} examples in {len(tasks)} tasks, {counts}, from {data or 'input.txt'}; "
+                   f"{rt.dtype}, {'compiled' if compile else 'eager'}, {rt.cpus} threads tokenizing; reading "
+                   f"the bundle {read:.2f} s):", "",
+                   "| examples a forward | tokenize and pack | first evaluation (cold) | second (warm) "
+                   "| examples/s (warm) | CORE |", "| ---: | ---: | ---: | ---: | ---: | ---: |"])
     for batch_size in batch_sizes:
-        t0 = time.perf_counter()
-        prepared = core_eval.Prepared(tasks, rt, batch_size, model.config.block_size)
-        pack = time.perf_counter() - t0
+        prepared, pack = timed(lambda: core_eval.Prepared(tasks, rt, batch_size, model.config.block_size))
         if compile:
             torch._dynamo.reset()  # each batch size compiles afresh, as a run of core_eval.py does
-        run, seconds = torch.compile(model) if compile else model, []
-        for _ in range(2):
-            synchronize(rt.device)
-            t0 = time.perf_counter()
-            result = core_eval.evaluate(run, prepared, rt)
-            seconds.append(time.perf_counter() - t0)
-        settled(seconds, 1)
-        lines.append(f"| {batch_size} | {pack:.2f} s | {seconds[0]:.2f} s | {seconds[1]:.2f} s | "
-                     f"{n / seconds[1]:,.0f} | {result['core']:.4f} |")
-        print(lines[-1], flush=True)
+        run = torch.compile(model) if compile else model
+        (_, cold), (result, warm) = (timed(lambda: core_eval.evaluate(run, prepared, rt), rt.device)
+                                     for _ in range(2))
+        settled([cold, warm], 1)
+        lines += shown([f"| {batch_size} | {pack:.2f} s | {cold:.2f} s | {warm:.2f} s | {n / warm:,.0f} | "
+                        f"{result['core']:.4f} |"])
     return lines + [""]
 
 
@@ -691,7 +656,6 @@ def peer_cost(peer, rt, size, B, T, steps):
     (CUDA), and the ratio of the medians. Ours is the model of `size`
     (GPT-2 124M on CUDA, bench.py's small model on a CPU), the peer's its d12, GPT-2 124M, everywhere."""
     from dataloader import write_shard
-    root = os.path.dirname(os.path.abspath(__file__))
     cuda, times, peaks = rt.kind == "cuda", {"ours": [], "peer": []}, {"ours": None, "peer": None}
     (warmup, steps), rounds = steps, PEER_ROUNDS
     dtype, n = "bf16" if cuda else "fp32", warmup + steps
@@ -702,7 +666,7 @@ def peer_cost(peer, rt, size, B, T, steps):
                                                                generator=gen).numpy())
         for r in range(rounds):
             log_dir = os.path.join(tmp, f"ours{r}")
-            ours = [sys.executable, "-c", OURS_RUNNER, root, f"--data_root={tmp}", f"--B={B}", f"--T={T}",
+            ours = [sys.executable, "-c", OURS_RUNNER, ROOT, f"--data_root={tmp}", f"--B={B}", f"--T={T}",
                     f"--total_batch_size={B * T}", f"--max_steps={n}", "--warmup_steps=10",
                     "--eval_interval=100000", f"--val_tokens={T}", "--checkpoint_interval=100000",
                     "--hellaswag=0", f"--compile={cuda}", f"--device={rt.kind}", f"--dtype={dtype}",
@@ -715,7 +679,7 @@ def peer_cost(peer, rt, size, B, T, steps):
             times["ours"].append(1000 * settled([record["ms"] / 1000 for record in logged], warmup))
             if cuda:
                 peaks["ours"] = max(record["peak_memory"] for record in logged) / 2**20
-            theirs = [sys.executable, "-c", PEER_RUNNER, root, peer, f"--input_bin={tmp}/peer_train_*.bin",
+            theirs = [sys.executable, "-c", PEER_RUNNER, ROOT, peer, f"--input_bin={tmp}/peer_train_*.bin",
                       "--model=d12", f"--batch_size={B}", f"--sequence_length={T}",
                       f"--total_batch_size={B * T}", f"--num_iterations={n}", "--learning_rate=6e-4",
                       "--warmup_iters=10", "--weight_decay=0.1", "--overfit_single_batch=0",
@@ -750,8 +714,7 @@ def peer_cost(peer, rt, size, B, T, steps):
              f"{mem['peer']} |",
              "", f"train_gpt2.py is {theirs / ours:.3f}x the reference's speed, its vocabulary padded to "
              f"{vocab:,} where llm.c's d12 uses {PEER_VOCAB:,}: the ratio includes that padding", ""]
-    print("\n".join(lines), flush=True)
-    return lines
+    return shown(lines)
 
 
 ONLY = ("training", "step", "levers", "generation", "hellaswag", "core", "memory", "softmax", "peer")
@@ -846,7 +809,7 @@ def main():
               + "".join(f"{part} B={B if part == 'training' else step_B}, " for part in ONLY
                         if part in only and part in ("training", "step", "levers", "peer"))
               + f"T={T}, median of {steps} steps after {warmup} warm-up; `python {' '.join(sys.argv)}`", ""]
-    print("\n".join(report), flush=True)
+    shown(report)
     every = {k: v for _, switch in rungs(skip) for k, v in switch.items()}  # the step train_gpt2.py runs
     last_s, measured = {**BASE, **every}, {}  # measured: {(B, T, compiled): peak} for the memory part
     for part in [p for p in ONLY if p in only]:
@@ -859,9 +822,7 @@ def main():
             report += lines + [""]
             print()
             if part == "training" and last_step is not None:
-                extra = breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""]
-                print("\n".join(extra), flush=True)
-                report += extra
+                report += shown(breakdown(last_step, rt.kind, last_dt, trace=args.trace) + [""])
             del last_step  # frees the last rung's model before the memory measurements
         elif part == "levers":
             report += levers(size, {**BASE, **every}, step_B, T, rt, steps, warmup, names)
@@ -875,20 +836,15 @@ def main():
             compile, _ = runtime.compile_choice(compiles, rt)
             report += core_cost(size, rt, args.hellaswag_data, compile, (16,) if cuda else (4,))  # 64: slower
         elif part == "memory":
-            extra = memory(size, last_s, rt, measured) + presets(T if cuda else 1024) + [""]
-            print("\n".join(extra), flush=True)
-            report += extra
+            report += shown(memory(size, last_s, rt, measured) + presets(T if cuda else 1024) + [""])
         elif part == "peer":
             report += peer_cost(args.peer, rt, size, step_B, T, (warmup, steps))
         elif part == "softmax":
-            extra = softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]
-            print("\n".join(extra), flush=True)
-            report += extra + [""]
-    said = f"compiling and warm-up: {WARMING[0]:.1f} s"  # gpu_report.py reads this line
-    print(said, flush=True)
+            report += shown(softmax_bandwidth(rt.kind) if cuda else ["softmax kernel GB/s: CUDA only"]) + [""]
+    said = shown([f"compiling and warm-up: {WARMING[0]:.1f} s"])  # gpu_report.py reads this line
     if args.out:
         with open(args.out, "w") as f:
-            f.write("\n".join(report + [said]) + "\n")
+            f.write("\n".join(report + said) + "\n")
         print(f"wrote {args.out}")
 
 

@@ -31,10 +31,8 @@ import numpy as np
 import torch
 
 from gptlib import packing, runtime
-from gptlib.tokenizer import iter_jsonl
 from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
-from gptlib.packing import common_prefix
-from gptlib.tokenizer import encode_many, get_encoding
+from gptlib.tokenizer import encode_many, get_encoding, iter_jsonl
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"  # nanochat's copy of DCLM's
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core_data")
@@ -131,8 +129,7 @@ def load_tasks(bundle=None, max_per_task=None, option="--bundle"):
 
 
 def timing_note(bundle, option):
-    """The NOTE beside a CORE score of a bundle made for timing (made_for_timing), else None; option: the
-    setting that gave it."""
+    """The NOTE beside the CORE of a bundle made_for_timing, else None; option: the setting that gave it."""
     if bundle and made_for_timing(bundle):
         return (f"{bundle} was made by dev/make_core_bundle.py to time CORE's shapes from local files, not "
                 f"DCLM's data: this CORE means nothing (without {option}, DCLM's is downloaded)")
@@ -140,16 +137,10 @@ def timing_note(bundle, option):
 
 
 def made_for_timing(bundle):
-    """Whether bundle is one dev/make_core_bundle.py made: CORE's shapes from local files, not DCLM's data, so
-    its CORE means nothing. Its core.yaml says made_by: dev/make_core_bundle.py; one made before that mark
-    is known by every task's category, "bench"."""
-    import yaml
-    with open(os.path.join(bundle, "core.yaml"), encoding="utf-8") as f:
-        if str(yaml.safe_load(f).get("made_by", "")).startswith("dev/make_core_bundle.py"):
-            return True
+    """Whether bundle is one dev/make_core_bundle.py made, every task's category "bench": CORE's shapes from
+    local files, not DCLM's data, so its CORE means nothing."""
     with open(os.path.join(bundle, "eval_meta_data.csv"), encoding="utf-8", newline="") as f:
-        categories = {row.get("Task Category") for row in csv.DictReader(f)}
-    return categories == {"bench"}
+        return {row.get("Task Category") for row in csv.DictReader(f)} == {"bench"}
 
 
 FIELDS = {"multiple_choice": ("query", "choices", "gold"),  # what a row of each kind must hold
@@ -261,10 +252,10 @@ def scored(task, i, seqs, block_size):
     first tokens."""
     label = task.examples[i].get("gold")
     if task.kind == "multiple_choice":
-        start = common_prefix(seqs)
+        start = packing.common_prefix(seqs)
         spans = [(start, len(s)) for s in seqs]
     elif task.kind == "schema":  # an option that is all suffix (identical contexts) scores nothing, as below
-        suffix = common_prefix([s[::-1] for s in seqs])
+        suffix = packing.common_prefix([s[::-1] for s in seqs])
         spans = [(len(s) - suffix if suffix < len(s) else len(s), len(s)) for s in seqs]
     else:
         without, seq = seqs
@@ -352,7 +343,7 @@ def evaluate(model, prepared, rt, progress=False):
 
 
 @torch.no_grad()
-def evaluate_unbatched(model, tasks, rt, progress=False):
+def evaluate_unbatched(model, tasks, rt):
     """The per-example loop packing replaces (nanochat's way): each example's sequences padded into one
     batch, the whole logits computed, the scored tokens' losses averaged (or their argmaxes compared).
     Same results as evaluate(); one process."""
@@ -378,8 +369,6 @@ def evaluate_unbatched(model, tasks, rt, progress=False):
             n_right += ok
         counts.append((len(task.examples), n_right))
         at += len(task.examples)
-        if progress:
-            print(f"core: {task.label} done")
     return {**summary(tasks, counts), "predictions": right}
 
 
@@ -400,10 +389,9 @@ def main():
     parser = command_line(__doc__)
     parser.add_argument("--model", default="gpt2", help="gpt2[-medium|-large|-xl], an HF GPT-2 folder, or a "
                         "train_gpt2.py checkpoint (.pt)")
-    parser.add_argument("--bundle", "--core_bundle", default=None, help="the eval bundle's folder "
-                        "(core.yaml, eval_meta_data.csv, eval_data/; default: download once into "
-                        "core_data/); "
-                        "--core_bundle as train_gpt2.py names it")
+    parser.add_argument("--bundle", "--core_bundle", default=None,
+                        help="the eval bundle's folder (core.yaml, eval_meta_data.csv, eval_data/; default: "
+                        "download once into core_data/); --core_bundle as train_gpt2.py names it")
     parser.add_argument("--max_per_task", type=int, default=None,
                         help="the first N examples of each task after nanochat's shuffle (nanochat: 500)")
     parser.add_argument("--json", default=None, help="also write the result here")

@@ -185,19 +185,10 @@ def encode_batches(docs, workers, batch_docs=256):
     Batches rather than single documents, and numpy arrays rather than lists of Python ints, keep the
     inter-process traffic small; at most 2 x workers batches are in flight, so memory stays bounded
     however long the stream (Pool.imap would read ahead without limit)."""
-    def batches():
-        batch = []
-        for doc in docs:
-            batch.append(doc)
-            if len(batch) == batch_docs:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
+    docs = iter(docs)
     with ProcessPoolExecutor(workers, initializer=end_with, initargs=(os.getpid(),)) as pool:
         inflight = collections.deque()
-        for batch in batches():
+        while batch := list(itertools.islice(docs, batch_docs)):
             inflight.append(pool.submit(encode_batch, batch))
             if len(inflight) >= 2 * workers:
                 yield inflight.popleft().result()
@@ -207,24 +198,17 @@ def encode_batches(docs, workers, batch_docs=256):
 
 # ------------------------------------------------------------------------------------------------ sharding
 
-def val_size(shard_size):
-    """Tokens of the validation shard of a corpus larger than one shard."""
-    return min(VAL_TOKENS, shard_size)
-
-
 def shard_name(out_dir, prefix, index):
     return shard_path(out_dir, prefix, "val" if index == 0 else "train", index)
 
 
 def complete_shards(out_dir, prefix, fingerprints):
     """Headers of the complete shards 0, 1, ... already in out_dir. Removes leftovers of an interrupted run,
-    and a damaged shard (wrong header or size) with every shard after it: they are written again,
-    identically."""
+    and a damaged shard (wrong header or size) with every shard after it, to be written again identically."""
     for tmp in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin.tmp")):
         os.remove(tmp)
     headers = []
-    while os.path.exists(shard_name(out_dir, prefix, len(headers))):
-        path = shard_name(out_dir, prefix, len(headers))
+    while os.path.exists(path := shard_name(out_dir, prefix, len(headers))):
         try:
             header = read_header(path)
         except UserError:
@@ -247,13 +231,6 @@ def complete_shards(out_dir, prefix, fingerprints):
     return headers
 
 
-def foreign_shards(out_dir, prefix):
-    """Shards in out_dir that another prefix (another source) wrote: the loader would mix them in."""
-    return sorted(p for split in ("train", "val") for ext in (".bin", ".npy")
-                  for p in glob.glob(os.path.join(out_dir, f"*_{split}_*{ext}"))
-                  if not os.path.basename(p).startswith(f"{prefix}_{split}_"))
-
-
 def make_out_dir(out_dir):
     """Create out_dir (or take the existing one) and prove it writable, before any tokenizing."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -270,7 +247,10 @@ def make_out_dir(out_dir):
 
 
 def refuse_mixing(out_dir, prefix):
-    other = foreign_shards(out_dir, prefix) if os.path.isdir(out_dir) else []
+    """Refuse an out_dir holding shards of another prefix (another source): the loader would mix them in."""
+    other = sorted(p for split in ("train", "val") for ext in (".bin", ".npy")
+                   for p in glob.glob(os.path.join(out_dir, f"*_{split}_*{ext}"))
+                   if not os.path.basename(p).startswith(f"{prefix}_{split}_"))
     if other:
         raise UserError(f"{out_dir} already holds other shards ({os.path.basename(other[0])}, ...), which "
                         f"the loader would mix with these: choose another --out_dir")
@@ -292,7 +272,7 @@ def main(input_path, out_dir, text_field, shard_size, prefix, workers):
     refuse_mixing(out_dir, prefix)
     source = os.path.abspath(input_path) if input_path else f"{REMOTE}/{REMOTE_CONFIG}"
     listing = input_files(input_path) if input_path else None  # a missing input fails here, before out_dir
-    val = val_size(shard_size)  # part of the layout a rerun must match, where it differs from a shard
+    val = min(VAL_TOKENS, shard_size)  # part of the layout a rerun must match, where it differs from a shard
     layout = [source, text_field, shard_size] + ([val] if val < shard_size else [])
     fingerprints = (zlib.crc32(json.dumps(layout).encode()) & 0x7FFFFFFF,
                     contents_fingerprint(input_path, listing[1]) if listing else 0)  # 0: FineWeb, the Hub
@@ -327,7 +307,7 @@ def write_shards(docs, done, out_dir, prefix, fingerprints, shard_size, workers)
         print(f"fineweb: {len(done)} complete shards in {out_dir}, resuming at document {next_doc:,}")
 
     from tqdm import tqdm
-    val = val_size(shard_size)
+    val = min(VAL_TOKENS, shard_size)
     # until the stream passes one shard nothing is written (a corpus within one shard is cut 90/10): buf then
     # holds the val shard's tokens and the first train shard's beginning
     buf = np.empty(shard_size + val, dtype=np.uint16)

@@ -19,14 +19,11 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from gptlib import packing, runtime
-from gptlib.tokenizer import iter_jsonl
 from gptlib.errors import UserError, check_range, command_line, first_line, main_guard
 from gptlib.runtime import autocast, hub_online
-from gptlib.tokenizer import encode_many, get_encoding
+from gptlib.tokenizer import encode_many, get_encoding, iter_jsonl
 
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag_data")
-
-
 
 # ------------------------------------------------------------------------------------------------ data
 
@@ -76,8 +73,7 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR, option="--data"):
     """HellaSwag validation examples from a .jsonl file or a datasets.save_to_disk folder (offline), or,
     with path None, downloaded into cache_dir once. limit keeps the first N. option: the setting that gives
     path, for messages."""
-    if path is None:
-        path = download(cache_dir, option)
+    path = download(cache_dir, option) if path is None else path
     if os.path.isdir(path):
         from datasets import DatasetDict, load_from_disk
         ds = load_from_disk(path)
@@ -89,7 +85,7 @@ def load_examples(path=None, limit=None, cache_dir=CACHE_DIR, option="--data"):
     else:
         raise UserError(f"HellaSwag data {path} does not exist: pass a .jsonl file or save_to_disk "
                         f"folder, or leave {option} out to download it")
-    examples = examples[:limit] if limit is not None else examples
+    examples = examples[:limit]
     if not examples:
         raise UserError(f"no HellaSwag examples selected from {path} (limit={limit})")
     return examples

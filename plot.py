@@ -61,8 +61,7 @@ def settings(path, records=None):
 
 
 def settings_diff(a, b):
-    """Lines 'name: a -> b' for each setting that differs between two settings() (the log_dir's name
-    aside)."""
+    """Lines 'name: a -> b' for each setting but the log_dir that differs between two settings()."""
     missing = "(absent)"
     return [f"{k}: {a.get(k, missing)!r} -> {b.get(k, missing)!r}" for k in sorted(a.keys() | b.keys())
             if k != "config.log_dir" and a.get(k, missing) != b.get(k, missing)]

@@ -16,7 +16,6 @@ from gptlib import runtime
 from gptlib.checkpoint import checkpoints, load_model
 from gptlib.engine import Engine
 from gptlib.errors import UserError, check_range, command_line, main_guard
-from gptlib.runtime import autocast, synchronize
 from gptlib.tokenizer import get_encoding
 
 
@@ -34,12 +33,12 @@ def sample(engine, prompt, num_samples, max_new_tokens, temperature, top_k, seed
     idx = torch.tensor([ids] * num_samples, device=rt.device)
     warm_up = 0.0
     stance = "default" if engine.compile else "force_eager"
-    with autocast(rt.device, rt.dtype), torch.compiler.set_stance(stance):
+    with runtime.autocast(rt.device, rt.dtype), torch.compiler.set_stance(stance):
         if engine.compile:  # compile, capture, the prompt's attention plan: once, on a generator of its own
             t0 = time.time()
             engine.generate(idx, min(2, max_new_tokens), temperature=temperature, top_k=top_k,
                             generator=torch.Generator(rt.device).manual_seed(seed))
-            synchronize(rt.device)
+            runtime.synchronize(rt.device)
             warm_up = time.time() - t0
         gen = torch.Generator(rt.device).manual_seed(seed)
         t0 = time.time()

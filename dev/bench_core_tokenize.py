@@ -33,8 +33,7 @@ torch.save(prepared.packed.data, sys.argv[2])
 
 
 def prepare(tree, bundle, out, cpus):
-    """(seconds, CPU seconds of all its threads) of core_eval.Prepared in tree, its packed data saved to
-    out."""
+    """(seconds, CPU seconds of all its threads) of core_eval.Prepared in tree, its packed data into out."""
     run = subprocess.run([sys.executable, "-c", CHILD, os.path.abspath(bundle), out, str(cpus)], cwd=tree,
                          capture_output=True, text=True)
     if run.returncode:

@@ -21,7 +21,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gptlib import runtime  # noqa: E402
-from gptlib.runtime import Runtime, synchronize  # noqa: E402
 import hellaswag  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -42,9 +41,9 @@ def main():
     if args.check:
         model = GPT(GPTConfig(vocab_size=50304, n_layer=2, n_head=4, n_embd=128)).double().eval()
         t0 = time.time()
-        prepared = hellaswag.prepare(examples, Runtime(), args.batch_size, model.config.block_size)
-        got = hellaswag.evaluate(model, prepared, Runtime())
-        ref = hellaswag.evaluate_unbatched(model, examples, Runtime())
+        prepared = hellaswag.prepare(examples, runtime.Runtime(), args.batch_size, model.config.block_size)
+        got = hellaswag.evaluate(model, prepared, runtime.Runtime())
+        ref = hellaswag.evaluate_unbatched(model, examples, runtime.Runtime())
         same = sum(a == b for a, b in zip(got["predictions"], ref["predictions"]))
         print(f"{same} of {len(examples)} predictions identical; acc {got['acc']:.4f} / {ref['acc']:.4f}, "
               f"acc_norm {got['acc_norm']:.4f} / {ref['acc_norm']:.4f} ({time.time() - t0:.0f} s)")
@@ -65,7 +64,7 @@ def main():
     t0 = time.time()  # what any first GPU work in a process pays (libraries, kernels loaded): apart
     with torch.no_grad(), runtime.autocast(rt.device, rt.dtype):
         model(torch.zeros(1, 8, dtype=torch.long, device=rt.device))
-    synchronize(rt.device)
+    runtime.synchronize(rt.device)
     print(f"first forward in this process: {time.time() - t0:.2f} s")
     t0 = time.time()
     prepared = hellaswag.prepare(examples, rt, args.batch_size, model.config.block_size)
@@ -74,7 +73,7 @@ def main():
           f"shapes {shapes}")
     with attention:
         for i in range(args.repeat):
-            synchronize(rt.device)
+            runtime.synchronize(rt.device)
             t0 = time.time()
             result = hellaswag.evaluate(model, prepared, rt)
             dt = time.time() - t0

@@ -31,9 +31,7 @@ def main():
     args = parser.parse_args()
     with open(args.corpus, encoding="utf-8") as f:
         docs = [json.loads(line)[args.text_field] for line in f if line.strip()]
-    enc = get_encoding()
-    tokenize_reference = np.concatenate([np.array([enc.eot_token] + enc.encode_ordinary(d), dtype=np.uint16)
-                                         for d in docs])
+    tokenize_reference = np.concatenate([tokenize(doc) for doc in docs])
     n = os.cpu_count()
 
     def baseline():

@@ -27,8 +27,7 @@ The held-out bytes: each project cuts input.txt at 90% for its validation, ours 
 tokens of <|endoftext|> + the text, cut at int(0.9 * n): dataloader.split_point), nanoGPT's by characters
 (int(0.9 * n) in its prepare.py); the held-out bytes are the end of the file after the later of the two
 cuts, which neither trained on. Both cuts are read from each code's own output (our loader's validation
-split, nanoGPT's val.bin), not recomputed here. For this repository's input.txt (1,100,163 bytes): ours at
-byte 993,530, nanoGPT's at 990,146, so bytes 993,530 to the end, 106,633 bytes. The text must be ASCII (so
+split, nanoGPT's val.bin), not recomputed here (input.txt's: docs/compare.md). The text must be ASCII (so
 nanoGPT's characters are bytes) without carriage returns (which its text-mode read would drop).
 
 Scoring: each model reads the held-out units (our GPT-2 tokens of those bytes, nanoGPT's characters) in
@@ -193,8 +192,7 @@ def check_trained_on(ckpt, text, flags):
 
 
 def peer_model(peer, ckpt_path):
-    """nanoGPT's model from its ckpt.pt, built by its own model.py (imported from the peer's folder), and
-    the checkpoint."""
+    """(model, checkpoint): nanoGPT's from ckpt_path, built by its own model.py (from the peer's folder)."""
     spec = importlib.util.spec_from_file_location("nanogpt_model", os.path.join(peer, "model.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
@@ -218,8 +216,7 @@ def score_peer(model, stoi, text_bytes):
 
 
 def ours_run(flags, work, k, text, held):
-    """One train_gpt2.py run with flags, from the project's root as a user runs it, into work: its figures
-    and sample."""
+    """One train_gpt2.py run with flags, from the project's root as a user runs it, into work: its results."""
     log_dir = os.path.join(work, f"ours{k}")
     cmd = [sys.executable, os.path.join(ROOT, "train_gpt2.py"), f"--log_dir={log_dir}", *shlex.split(flags)]
     wall, cpu = run(cmd, ROOT, os.path.join(work, f"ours{k}.out"))

@@ -16,7 +16,7 @@ import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# core.yaml's first line, the mark by which core_eval.py knows such a bundle and says its CORE means nothing
+# core.yaml's first line, for its reader (core_eval.py knows such a bundle by its tasks' category, bench)
 MARK = "made_by: dev/make_core_bundle.py  # not DCLM's data: its CORE means nothing"
 
 

@@ -13,6 +13,7 @@ Layout of the output, one speech per paragraph:
 Stage directions ([...]), act/scene headings and front matter are dropped. Plays are taken in the
 order below until the text reaches TARGET_CHARS, cut at a speech boundary. Deterministic.
 """
+import collections
 import os
 import re
 import sys
@@ -50,9 +51,7 @@ def play_speeches(text):
     """speeches(), minus verse lines that merely look like a speaker ("Saddle my horse."): a real
     speaker is written in capitals or speaks more than once."""
     found = list(speeches(text))
-    count = {}
-    for speaker, _ in found:
-        count[speaker] = count.get(speaker, 0) + 1
+    count = collections.Counter(speaker for speaker, _ in found)
     return [(s, b) for s, b in found if count[s] > 1 or s.upper() in text]
 
 

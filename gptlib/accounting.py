@@ -53,8 +53,7 @@ GPUS = {
 
 
 def gpu_spec(device_name):
-    """(bf16 TFLOP/s, fp16 TFLOP/s, memory TB/s) of a CUDA device by its torch.cuda.get_device_name(), or
-    None for a GPU not in GPUS."""
+    """(bf16 TFLOP/s, fp16 TFLOP/s, memory TB/s) of a CUDA device by torch.cuda.get_device_name(), or None."""
     return next((spec for key, spec in GPUS.items()
                  if re.search(rf"(?<!\w){re.escape(key)}(?!\w)", device_name)), None)
 
@@ -75,8 +74,7 @@ def memory_bandwidth(device_name):
 
 
 def mfu(config, tokens_per_sec, peak, T=None):
-    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s); None if peak is
-    None."""
+    """Model FLOPs utilisation: achieved training FLOP/s over the hardware peak (FLOP/s), None without one."""
     return None if peak is None else flops_per_token(config, T) * tokens_per_sec / peak
 
 
@@ -100,8 +98,7 @@ def training_memory(config, B, T, dtype="bf16", shards=1, compiled=False):
     the loss is computed: an eager step's peak.
     compiled: Inductor fuses the cross-entropy into one kernel over the logits, which it keeps for backward in
     the compute dtype (a·V a token) in place of the fp32 log-probabilities, and the fp32 copy never exists:
-    no "logits" part. GPT-2 124M at B=64, T=1024, bf16: 28.8 GiB, where one H100 measured a compiled step's
-    peak at 28.95 GiB (554bf22) and 26.55 GiB (234821a); the eager estimate is 53.4 GiB.
+    no "logits" part (docs/model.md: the estimate against the peaks an H100 measured).
     FSDP (shards ranks, as train_gpt2.py runs it) keeps 1/shards of params, grads and adamw on each rank
     (gradients are reduce-scattered every micro-step), and adds "gathered": the unsharded parameters and
     gradients of the units being computed, 8 bytes a parameter (the fp32 root, wte = lm_head with wpe and
@@ -146,7 +143,6 @@ def memory_estimate(config, s, rt, B):
 
 
 def micro_batches(total_batch_size, T, world_size):
-    """The micro-batch sizes B that keep total_batch_size whole with this T and number of processes, largest
-    first."""
+    """The micro-batches B, largest first, that keep total_batch_size whole with this T and world_size."""
     rows = total_batch_size // (T * world_size)  # rows of T tokens per process and step
     return [b for b in range(rows, 0, -1) if rows % b == 0]

@@ -19,9 +19,8 @@ class KVCache:
     the cache's first `span` positions with a mask: the whole cache by default, so every decode step has the
     same shapes (one compiled graph, one CUDA graph, one attention plan, no position read back to the host);
     with Decoder's span, the filled positions rounded up to a multiple of it (a graph each, at most 8). A
-    tensor a layer, not one for all:
-    compiled, each write then goes into its input in place (into one shared tensor, Inductor copied every
-    layer's slice and wrote the whole cache back, every step)."""
+    tensor a layer, not one for all: compiled, each write then goes into its input in place (into one shared
+    tensor, Inductor copied every layer's slice and wrote the whole cache back, every step)."""
 
     def __init__(self, config, batch_size, dtype=torch.float32, device="cpu"):
         shape = (batch_size, config.n_kv_head, config.block_size, config.head_dim)
@@ -61,11 +60,6 @@ def pick(logits, temperature, top_k, generator=None):
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
-def last_positions(B, T, device):
-    """(B,) the flat positions (b * T + T - 1) of each row's last token: the head there only."""
-    return torch.arange(B, device=device) * T + T - 1
-
-
 def own_copy(method):
     """A bound method whose function has a code object of its own. Dynamo keeps at most recompile_limit (8)
     compiled versions of one code object, and each Decoder's fixed shapes are one: with one code object
@@ -89,9 +83,8 @@ class Decoder:
     (compiled once per span: nothing else about a step changes its graph) and, on CUDA, captured once as a
     CUDA graph and replayed: one launch instead of ~200, each step's input copied into the graph's own. span:
     attend over the cache's filled positions only, rounded up to a multiple of span (a graph for each
-    multiple, at most 8: Dynamo's recompile limit), not its whole block_size (sample.py --span: a decode step
-    at batch 8 reads more cache than weights at block_size 1024; one H100 measured 1.13x at batch 8, 1.00x at
-    batch 1, 2026-11-26); 0: the whole cache, one graph."""
+    multiple, at most 8: Dynamo's recompile limit), not its whole block_size (sample.py --span: at batch 8 a
+    decode step reads more cache than weights at block_size 1024; docs/model.md); 0: the whole cache."""
 
     def __init__(self, model, batch, dtype, device, compile, span=0):
         block_size = model.config.block_size
@@ -155,13 +148,12 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
-        """Append max_new_tokens sampled tokens to idx (B, T) and return it (B, T + max_new_tokens).
-        With use_cache the prompt runs once (once for all rows when they are the same prompt) and each new
-        token is one decode step over the KVCache; otherwise every token recomputes the whole sequence, the
-        reference the tests compare with. top_k=1 is greedy. Past block_size the context is cropped to the
-        last block_size tokens (as in nanoGPT) and each further token costs a full forward either way
-        (learned positions cannot shift). Nothing is read back to the host until the caller reads the
-        result."""
+        """Append max_new_tokens sampled tokens to idx (B, T) and return it (B, T + max_new_tokens). With
+        use_cache the prompt runs once (once for all rows when they are the same prompt) and each new token is
+        one decode step over the KVCache; otherwise every token recomputes the whole sequence, the reference
+        the tests compare with. top_k=1 is greedy. Past block_size the context is cropped to the last
+        block_size tokens (as in nanoGPT) and each further token costs a full forward either way (learned
+        positions cannot shift). Nothing is read back to the host until the caller reads the result."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (use top_k=1 for greedy decoding)")
         if top_k is not None and top_k < 1:
@@ -181,7 +173,8 @@ class Engine:
                 logits = decoder.step(out[:, t - 1:t], t - 1)
             else:  # recompute, the context cropped to block_size; the head at each row's last token only
                 x = out[:, max(0, t - block_size):t]
-                logits, _ = self.model(x, packing=Packing(select=last_positions(B, x.size(1), x.device)))
+                last = torch.arange(B, device=x.device) * x.size(1) + x.size(1) - 1  # (B,) flat positions
+                logits, _ = self.model(x, packing=Packing(select=last))
             out[:, t] = pick(logits, temperature, top_k, generator)
         return out
 

@@ -39,9 +39,8 @@ def attention_backends(ops):
 
 
 def check_attention(rt):
-    """(ok, detail): the attention a training step under the runtime's autocast really runs, by
-    torch.profiler: a fused SDPA backend (flash, cuDNN or memory-efficient), not the math fallback; named in
-    the detail."""
+    """(ok, detail): the attention a training step under the runtime's autocast really runs, by the profiler:
+    a fused SDPA backend (flash, cuDNN or memory-efficient), not the math fallback; named in the detail."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
@@ -94,11 +93,9 @@ def recompiles(output, marker):
     first line of output holding marker (after: everything if the marker never shows)."""
     lines = output.splitlines()
     cut = next((i for i, line in enumerate(lines) if marker in line), 0)
-    count = [sum("Recompiling function" in line for line in part) for part in (lines[:cut], lines[cut:])]
-    return count[0], count[1]
+    return tuple(sum("Recompiling function" in line for line in part) for part in (lines[:cut], lines[cut:]))
 
 
-GENERATION_STEPS = 64  # new tokens per row in check_generation
 MIN_COMPARED = 0.75  # of all decode steps: a check that compared fewer says too little to pass
 
 
@@ -120,9 +117,8 @@ def greedy_agreement(fast, full, gaps, prompt_len, tie=1e-4):
     the recomputed ones there. A row is compared up to its first step whose top-2 logit gap (over the
     sampled vocabulary) is tie or less: rounding may flip such a near-tie and the sequences part there."""
     clear = [next((t for t, g in enumerate(row) if g <= tie), len(row)) for row in gaps]
-    same = all(f[prompt_len:prompt_len + n] == r[prompt_len:prompt_len + n]
-               for f, r, n in zip(fast, full, clear))
-    return sum(clear), same
+    return sum(clear), all(f[prompt_len:prompt_len + n] == r[prompt_len:prompt_len + n]
+                           for f, r, n in zip(fast, full, clear))
 
 
 def generation_verdict(agreements, syncs, control):
@@ -145,7 +141,7 @@ def generation_verdict(agreements, syncs, control):
     return ok, "; ".join(parts)
 
 
-def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=GENERATION_STEPS):
+def check_generation(rt, compile=True, count_syncs=cuda_syncs, steps=64):
     """(ok, detail): cached decoding (compile: the decode step compiled and, on CUDA, replayed as a CUDA
     graph) gives recomputation's greedy tokens in fp32 with TF32 off, for 3 different prompts and for 3
     samples of one prompt (the shared prefill), over at least MIN_COMPARED of the steps (each row up to its
@@ -206,8 +202,7 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
            f"--data_root={os.path.join(ROOT, 'input.txt')}",
            *CHECK_MODEL, "--B=8", "--T=256", "--total_batch_size=4096", "--max_steps=20", "--warmup_steps=5",
            "--eval_interval=5", "--val_tokens=7680", "--hellaswag=40", f"--hellaswag_data={data}",
-           "--compile=True",
-           "--checkpoint_interval=20", f"--log_dir={log_dir}"]
+           "--compile=True", "--checkpoint_interval=20", f"--log_dir={log_dir}"]
     env = {**os.environ, "TORCH_LOGS": "recompiles", "PYTHONUNBUFFERED": "1"}
     try:
         r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -227,8 +222,7 @@ def check_training_run(device, work_dir, hellaswag_data=None, timeout=900):
     cuda = device == "cuda"
     results = [
         ("2-layer train_gpt2.py run", True,
-         f"finished: {' '.join(cmd[3:5])} ... train_gpt2.py --compile=True "
-                                            f"(2 micro-steps a step, 20 steps)"),
+         f"finished: {' '.join(cmd[3:5])} ... train_gpt2.py --compile=True (2 micro-steps a step, 20 steps)"),
         ("process group", info["backend"] == ("nccl" if cuda else "gloo"), f"backend {info['backend']}"),
         ("torch.compile", info["compile"] is True, f"compile {info['compile']}, dtype {info['dtype']}"),
         ("evaluations", all(v == [5, 10, 15, 20] for v in evals.values()),

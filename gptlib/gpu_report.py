@@ -44,13 +44,12 @@ def sections(out, cuda, device, hellaswag_data, peer=None):
     data = ["--hellaswag_data", hellaswag_data] if hellaswag_data else []
     few = [] if cuda else ["--steps", "1", "--warmup", "1"]
     quick = few + ([] if cuda else ["--skip", "compile"])
-    tiny = ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
-            "--T=64", "--warmup_steps=1"]
     # evaluations before the last step's, the first cold and a later one warm: their difference is the
     # evaluations' compiling, which warming() counts (the one after the last step has no next step to time it)
     script = (["--max_steps=10", "--warmup_steps=5", "--eval_interval=4", "--val_tokens=16384"] if cuda else
-              tiny + ["--B=4", "--total_batch_size=512", "--max_steps=4", "--eval_interval=1",
-                      "--val_tokens=256"])
+              ["--device=cpu", "--compile=False", "--n_layer=2", "--n_head=4", "--n_kv_head=4", "--n_embd=64",
+               "--T=64", "--warmup_steps=1", "--B=4", "--total_batch_size=512", "--max_steps=4",
+               "--eval_interval=1", "--val_tokens=256"])
     peer_B, peer_T = (64, 1024) if cuda else (8, 64)
 
     def bench(name, *args):
@@ -253,13 +252,12 @@ def run(out, device, hellaswag_data=None, budget=None, commit=None, peer=None):
         raise UserError(f"--report {out}: {where} is not a folder that can be written: choose another folder")
     os.makedirs(out, exist_ok=True)
     env = environment(device, commit)
-    cuda = torch.device(device).type == "cuda"
     command = f"python bench.py --report {out}" + (f" --hellaswag_data {hellaswag_data}" if hellaswag_data
                                                    else "") + (f" --peer {peer}" if peer else "")
     cache = os.path.abspath(os.path.join(out, "inductor_cache"))
     deadline = None if budget is None else time.time() + budget
     done, status = {}, 0
-    for name, title, argv in sections(out, cuda, device, hellaswag_data, peer):
+    for name, title, argv in sections(out, torch.device(device).type == "cuda", device, hellaswag_data, peer):
         path = os.path.join(out, f"{name}.json")
         record = None
         if os.path.exists(path):

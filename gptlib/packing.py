@@ -97,16 +97,15 @@ def padded_lengths(longest, most=SHAPES):
 
 
 class Prepared:
-    """Items as one rank's batches, packed once (a training run prepares them once for all its
-    evaluations): items[i] = (pack()'s row, label), label the right option's index (kept in labels, for the
-    caller; None: a language-modelling item, judged by its greedy tokens), or None where another rank's
-    (only rank r's need be made): rank r of world_size has items r, r + world_size, ... (a task's items are
-    consecutive, so each rank gets its share of every task: as many 10-shot items as any other rank, not the
-    10-shot task while another gets the 0-shot one). Rows sorted by length, batch_size
-    rows a batch padded to one of at most SHAPES lengths (padded_lengths), and every rank has the same
-    number of batches: a rank with fewer items gets padding rows it does not count. width: the most
-    sequences of an item. The arrays are in (pinned, on CUDA) host memory, copied to the device batch by
-    batch without waiting."""
+    """Items as one rank's batches, packed once (a training run prepares them once for all its evaluations):
+    items[i] = (pack()'s row, label), label the right option's index (kept in labels, for the caller; None: a
+    language-modelling item, judged by its greedy tokens), or None where another rank's (only rank r's need be
+    made): rank r of world_size has items r, r + world_size, ... (a task's items are consecutive, so each rank
+    gets its share of every task: as many 10-shot items as any other rank, not the 10-shot task while another
+    gets the 0-shot one). Rows sorted by length, batch_size rows a batch padded to one of at most SHAPES
+    lengths (padded_lengths), and every rank has the same number of batches: a rank with fewer items gets
+    padding rows it does not count. width: the most sequences of an item. The arrays are in (pinned, on CUDA)
+    host memory, copied to the device batch by batch without waiting."""
 
     def __init__(self, items, rt, batch_size):
         mine = list(range(rt.rank, len(items), rt.world_size))
@@ -206,6 +205,5 @@ def predict(model, prepared, rt, desc, progress):
         total = total.masked_fill(count == 0, math.inf)  # no such option (fewer than width), or none scored
         # by mean loss, an option 0 with no scored tokens wins, as in nanochat (core_eval.encode)
         by_mean = torch.where(count[:, 0] == 0, 0, (total / count).argmin(1))
-        greedy = (missed[:, 0] == 0).long()
-        preds[k, :n] = torch.stack([total.argmin(1), by_mean, greedy], 1)
+        preds[k, :n] = torch.stack([total.argmin(1), by_mean, (missed[:, 0] == 0).long()], 1)
     return preds.tolist()  # the one wait for the device

@@ -24,8 +24,7 @@ def open_trackers(names, log_dir, start):
 
 
 def tag(name):
-    """A metrics.jsonl name under its section, as both show them grouped: eval/val_loss, speed/tok_s,
-    train/loss."""
+    """A metrics.jsonl name under its section, as both group them: eval/val_loss, speed/tok_s, train/loss."""
     if name.startswith(("val_", "hellaswag")):
         return f"eval/{name}"
     return f"speed/{name}" if name in ("ms", "tok_s", "mfu", "elapsed", "eta") else f"train/{name}"
