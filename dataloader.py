@@ -186,26 +186,23 @@ class DataLoaderLite:
         self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
         self.shuffle, self.seed = shuffle, seed
         self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)
-        rows_per_step = B * num_processes
-        self.skipped = []  # train shards shorter than a step (a corpus's tail): [(name, tokens)]
-        if split == "train":
-            fits = [(len(tokens) - 1) // T >= rows_per_step for _, tokens in self.shards]
-            if not any(fits):  # nothing would be left to train on
-                name, tokens = self.shards[0]
-                raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs "
-                                f"(B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = "
-                                f"{B * T * num_processes + 1:,}): lower B or T, or make larger shards "
-                                "(fineweb.py --shard_size)")
-            # passed over where the shard order reaches them (_advance), not left out of it: the order, and
-            # so a saved position, does not depend on B or the number of processes
-            self.skipped = [(name, len(tokens)) for (name, tokens), ok in zip(self.shards, fits) if not ok]
         self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
         self.row_starts = np.cumsum([0] + self.rows_per_shard)  # shard k's first row in the split's rows
         self.rows_total = int(self.row_starts[-1])
-        self.tokens_total = sum(len(t) for (_, t), rows in zip(self.shards, self.rows_per_shard)  # train on
-                                if split == "val" or rows >= rows_per_step)
-        self.steps_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard)  # batches a pass
-        self.tokens_per_epoch = self.steps_per_epoch * rows_per_step * T  # input tokens served per epoch
+        rows_per_step = B * num_processes
+        # train shards shorter than a step (a corpus's tail) are passed over where the shard order reaches
+        # them (_advance), not left out of it: the order, and so a saved position, does not depend on B or the
+        # number of processes (validation reads rows: read_rows)
+        short = [split == "train" and rows < rows_per_step for rows in self.rows_per_shard]
+        if all(short):  # nothing would be left to train on
+            name, tokens = self.shards[0]
+            need = f"B*T*num_processes+1 = {B}*{T}*{num_processes}+1 = {B * T * num_processes + 1:,}"
+            raise UserError(f"{name} holds {len(tokens):,} tokens, fewer than one step needs ({need}): lower "
+                            "B or T, or make larger shards (fineweb.py --shard_size)")
+        self.skipped = [(name, len(tokens)) for (name, tokens), no in zip(self.shards, short) if no]
+        self.tokens_total = sum(len(tokens) for (_, tokens), no in zip(self.shards, short) if not no)
+        # input tokens served per epoch: whole steps of each shard
+        self.tokens_per_epoch = sum(rows // rows_per_step for rows in self.rows_per_shard) * rows_per_step * T
         self.reset()
 
     @staticmethod

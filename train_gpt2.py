@@ -413,8 +413,7 @@ def memory_line(run):
 
 def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""
-    s = dataclasses.asdict(run.s)
-    return memory_estimate(run.models.raw.config, s, run.rt, run.s.B)
+    return memory_estimate(run.models.raw.config, dataclasses.asdict(run.s), run.rt, run.s.B)
 
 
 def finished(run):
