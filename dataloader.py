@@ -124,7 +124,7 @@ def missing_data_root(data_root):
 def split_rows(data_root, split, T):
     """The rows of T tokens (and the next) that a split of data_root holds: DataLoaderLite's rows_total,
     from the shards' headers alone (a data_root file is tokenized once, for the loaders too)."""
-    return sum((len(tokens) - 1) // T for _, tokens in DataLoaderLite.open_split(data_root, split))
+    return sum(max(0, len(tokens) - 1) // T for _, tokens in DataLoaderLite.open_split(data_root, split))
 
 
 def open_shards(data_root, split):
@@ -186,7 +186,7 @@ class DataLoaderLite:
         self.B, self.T, self.rank, self.world, self.split = B, T, process_rank, num_processes, split
         self.shuffle, self.seed = shuffle, seed
         self.shards = self.open_split(data_root, split)  # list of (name, uint16 array)
-        self.rows_per_shard = [(len(tokens) - 1) // T for _, tokens in self.shards]
+        self.rows_per_shard = [max(0, len(tokens) - 1) // T for _, tokens in self.shards]  # an empty one: 0
         self.row_starts = np.cumsum([0] + self.rows_per_shard)  # shard k's first row in the split's rows
         self.rows_total = int(self.row_starts[-1])
         rows_per_step = B * num_processes

@@ -31,7 +31,7 @@ import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
 from gptlib.accounting import memory_estimate, mfu, micro_batches, peak_flops
-from gptlib.checkpoint import load_model, room_note, save_run
+from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, plural, say
 from gptlib.optimizers import make_optimizers, role_peaks, set_lr
@@ -224,6 +224,7 @@ def start_run(s, rt, resume, origin):
     if resume is not None:  # its weights, optimizer, loader position; its log after the checkpoint dropped
         run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind
+    remove_stale_writes(s.log_dir, rt)
     if resume is None:  # a fresh start: an earlier attempt's (or evaluation's) log is kept, not continued
         run.log.set_aside()
     for note in [] if s.eval_only else room_note(s.log_dir, model.num_params()):

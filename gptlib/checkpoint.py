@@ -78,6 +78,15 @@ def newest(log_dir):
     return found[-1]
 
 
+def remove_stale_writes(log_dir, rt):
+    """Rank 0, holding log_dir's lock: a checkpoint write that a second signal or Slurm's SIGKILL cut short
+    left its model_*.pt.tmp (hundreds of MB each); no live run writes them now. Each removal is said."""
+    for path in sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp"))) if rt.master else []:
+        os.remove(path)
+        print0(f"NOTE: removed {os.path.basename(path)}, a checkpoint an earlier attempt did not finish "
+               "writing")
+
+
 def save_checkpoint(state, path):
     """torch.save state plus its checksum to path, atomically: a crash mid-write leaves no file under path. A
     write that fails (a full disk, a folder gone read-only) removes the partial file and is a UserError naming
@@ -307,8 +316,7 @@ def save_run(log_dir, model, optimizers, meta, rt, keep):
     """Every rank: write a training run's state after step meta["step"] as log_dir/model_<step>.pt (rank 0
     writes; under FSDP all ranks gather) and delete all but the newest `keep`. It holds the weights, the
     optimizer states and the RNG, with meta: what else the run needs to continue (train_gpt2.py's
-    save(): settings, loader position, loss scale, clock). Returns its name for messages. A write that a
-    second signal or SIGKILL cut short left a model_*.pt.tmp (no live run writes one now): removed first. A failure on any
+    save(): settings, loader position, loss scale, clock). Returns its name for messages. A failure on any
     rank (a write that fails, a gather that runs out of memory) stops every rank here (together), but for a
     failure inside FSDP's gathers, which are collective and cannot be agreed on (runtime.together)."""
     name = f"model_{meta['step']:06d}.pt"
@@ -317,10 +325,6 @@ def save_run(log_dir, model, optimizers, meta, rt, keep):
     with together(rt, rt.patient):  # the others wait here for the write; any rank's failure is agreed
         model_state, optimizer_state = state or gather_state(model, optimizers)  # DDP's: each rank's own
         if rt.master:
-            for stale in sorted(glob.glob(os.path.join(log_dir, "model_*.pt.tmp"))):
-                os.remove(stale)
-                print0(f"NOTE: removed {os.path.basename(stale)}, a checkpoint an earlier attempt did not "
-                       "finish writing")
             path = os.path.join(log_dir, name)
             cuda_rng = torch.cuda.get_rng_state(rt.device) if rt.kind == "cuda" else None
             save_checkpoint({"model": model_state, "model_config": dataclasses.asdict(model.config),

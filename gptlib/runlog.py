@@ -115,7 +115,7 @@ class RunLog:
             n += 1
         os.replace(self.path, aside)
         runtime.print0(f"NOTE: no checkpoint to continue in {os.path.dirname(self.path) or '.'}: this run "
-                       f"starts afresh; the earlier attempt's log is kept as {os.path.basename(aside)}")
+                       f"starts afresh; the earlier log is kept as {os.path.basename(aside)}")
 
     def drop_after(self, step):
         """A resumed run's log: rank 0 drops the records after `step` (those of an attempt that died before

@@ -25,7 +25,7 @@ MIN_TORCH = (2, 9)  # the oldest torch the whole suite passes on (requirements.t
 
 
 def torch_older_than(version):
-    """Whether this torch is older than version (major, minor); 2.9.0a0+git... (NVIDIA's containers) is 2.9."""
+    """Whether this torch is older than version (major, minor); 2.9.0a0+git... (NVIDIA's) counts as 2.9."""
     return tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", torch.__version__).groups()) < version
 
 
@@ -140,7 +140,7 @@ def reset_peak_memory(device):
 
 
 def peak_memory(device):
-    """Bytes allocated at most on a CUDA device since reset_peak_memory (what a step needs); None elsewhere."""
+    """Bytes allocated at most on a CUDA device since reset_peak_memory (a step's need); None elsewhere."""
     return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
 
 
@@ -383,8 +383,10 @@ def agree(rt, error=None, stop=0):
         stop, failed = (int(v) for v in flags.tolist())
         if failed and error is None:
             raise PeerFailed("another rank failed")
-    if error:
-        raise UserError(error)
+    if error:  # agreed on, like a together block's failure: the ranks can still act together (agreed)
+        e = UserError(error)
+        e.rank = rt.rank
+        raise e
     return stop
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import DOCS, ROOT, TINY, assert_one_line_error, losses, records
 from dataloader import (HEADER_BYTES, DataLoaderLite, load_shard, read_header, shard_path, split_point,
-                        write_shard)
+                        split_rows, write_shard)
 import fineweb
 from gptlib.tokenizer import tokenize_file
 from gptlib.errors import UserError
@@ -528,8 +528,8 @@ def test_document_file_roots(tmp_path):
     write_docs(tmp_path / "docs.jsonl", DOCS[:20])
     assert np.array_equal(tokenize_file(str(tmp_path / "docs.jsonl")), reference(DOCS[:20]))
     (tmp_path / "notes.md").write_text("# notes")
-    with pytest.raises(UserError, match=r"notes.md: unsupported file type; documents come in .jsonl, .parquet, "
-                                        r".txt files \(name a plain-text file .txt; token shards: give"):
+    with pytest.raises(UserError, match=r"notes.md: unsupported file type; documents come in .jsonl, "
+                                        r".parquet, .txt files \(name a plain-text file .txt; token shards: give"):
         DataLoaderLite(1, 8, data_root=str(tmp_path / "notes.md"))
     with pytest.raises(UserError, match=f"holds documents .*, not token shards: tokenize them once with "
                                         f"`python fineweb.py --input {tmp_path} --out_dir "
@@ -543,6 +543,19 @@ def test_document_file_roots(tmp_path):
     assert (train.tokens_total, val.tokens_total) == (cut, len(tokens) - cut)
     x, y = val.next_batch()
     assert x.flatten().tolist() == tokens[cut:cut + 16].tolist()
+
+
+def test_empty_and_short_validation_shards_hold_no_row(tmp_path):
+    """A validation shard with no tokens, or fewer than a row's, holds no row (not -1): the rows after it are
+    read where they are, and split_rows (settings.fit's count: 0 is refused) agrees with the loader."""
+    tokens = np.arange(100, dtype=np.uint16)
+    for i, part in enumerate((tokens[:0], tokens[:5], tokens)):
+        write_shard(shard_path(tmp_path, "x", "val", i), part)
+    write_shard(shard_path(tmp_path, "x", "train", 3), tokens)
+    val = DataLoaderLite(1, 8, split="val", data_root=str(tmp_path))
+    assert val.rows_total == split_rows(str(tmp_path), "val", 8) == 12
+    x, y = val.read_rows([0, 11])
+    assert x[0].tolist() == list(range(8)) and y[1].tolist() == list(range(89, 97))
 
 
 def test_loader_errors(tmp_path):

@@ -168,6 +168,7 @@ def test_shards_hold_the_estimate_and_one_ranks_failure_is_agreed(tmp_path):
     assert zero["write"][:2] == ["UserError", 0] and one["write"][:2] == ["PeerFailed", None], (zero, one)
     assert one["write"][2] < 30, one  # the collective timeout is 60 s
     assert zero["ctrl_c"][:2] == ["PeerFailed", None] and one["ctrl_c"][:2] == ["KeyboardInterrupt", 1]
+    assert zero["log"][:2] == ["UserError", 0] and one["log"][:2] == ["PeerFailed", None]  # agreed on
     assert zero["after"][0] == one["after"][0] == "none"
     assert not list(tmp_path.glob("model_*"))  # nothing half-written is left as a checkpoint
 

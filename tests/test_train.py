@@ -782,7 +782,7 @@ def test_a_fresh_start_sets_the_dead_attempts_log_aside_and_removes_its_partial_
     assert train_gpt2.main(TINY + [f"--data_root={text}", "--max_steps=2", f"--log_dir={tmp_path}"]) == 0
     said = capsys.readouterr().out
     assert "NOTE: removed model_000004.pt.tmp, a checkpoint an earlier attempt did not finish writing" in said
-    assert "this run starts afresh; the earlier attempt's log is kept as metrics.1.jsonl" in said
+    assert "this run starts afresh; the earlier log is kept as metrics.1.jsonl" in said
     assert not (tmp_path / "model_000004.pt.tmp").exists()
     assert [r.get("event") for r in records(str(tmp_path))].count("start") == 1
     assert loss_steps(str(tmp_path)) == [1, 2]

@@ -52,6 +52,7 @@ def interrupted():
         if rt.rank == 1:
             raise KeyboardInterrupt
 result["ctrl_c"] = how_it_ended(interrupted)
+result["log"] = how_it_ended(lambda: runtime.agree(rt, "rank 0 cannot log" if rt.master else None))
 result["after"] = how_it_ended(lambda: runtime.agree(rt))  # the ranks still agree
 with open(os.path.join(sys.argv[1], f"rank{rt.rank}.json"), "w") as f:  # not one shared stdout
     json.dump(result, f)
