@@ -196,14 +196,10 @@ class Run:
     log: RunLog
     clock: Clock
     origin: dict  # settings.resolve's: the notes, where each setting came from, the block and the settings
+    accum_steps: int  # micro-steps a step: total_batch_size over B rows of T tokens on every process
     step: int = 0  # optimizer steps done
     last_checkpoint: str = "none yet"  # the newest checkpoint's name, for messages
     doing: str = "starting"  # what the loop is doing, for messages: "in step 5", "evaluating step 4"
-
-    @property
-    def accum_steps(self):
-        """Micro-steps a step: total_batch_size over B rows of T tokens on every process."""
-        return self.s.total_batch_size // (self.s.B * self.s.T * self.rt.world_size)
 
 
 def start_run(s, rt, resume, origin):
@@ -219,8 +215,9 @@ def start_run(s, rt, resume, origin):
     # before clipping; a step whose gradients overflowed is skipped and the scale lowered. Otherwise a no-op.
     scaler = torch.amp.GradScaler(rt.kind, init_scale=s.loss_scale, enabled=rt.dtype == "fp16")
     clock = Clock(resume.meta.get("elapsed", 0.0) if resume else 0.0, window=s.eval_interval)  # for the ETA
+    accum_steps = s.total_batch_size // (s.B * s.T * rt.world_size)  # settings.fit made it whole
     run = Run(s, rt, models, optimizers, scaler, peaks, train_loader, val_loader, examples, core,
-              RunLog(metrics_path(s.log_dir), rt), clock, origin)
+              RunLog(metrics_path(s.log_dir), rt), clock, origin, accum_steps)
     if resume is not None:  # its weights, optimizer, loader position; its log after the checkpoint dropped
         run.step, run.last_checkpoint = resume.restore(model, optimizers, scaler, train_loader, run.log, rt)
     hold_log_dir(s.log_dir, rt, create=True)  # only now: a refused run leaves no empty log_dir behind

@@ -29,9 +29,8 @@ def nearest_existing(path):
 
 
 def hold_log_dir(log_dir, rt, create=False):
-    """Every rank: rank 0 locks log_dir for this run (a second run into it is refused in one line naming the
-    first), before the resume and again when the run creates it (create=True): a refused run leaves no empty
-    log_dir behind. A log_dir that cannot be written is one line, before any model is built."""
+    """Every rank: rank 0 locks log_dir (a second run into it: one line naming the first) before the resume,
+    and as the run makes it (create=True: a refused run leaves none); unwritable: one line, before a model."""
     agree(rt, lock(log_dir, create) if rt.master and log_dir not in HELD else None)
 
 
@@ -185,8 +184,7 @@ def evaluated(metrics_path, step):
 def read_log(path):
     """The records of a train_gpt2.py metrics.jsonl, in order."""
     if not os.path.isfile(path):
-        raise UserError(f"training log {path} does not exist (train_gpt2.py writes "
-                        "LOG_DIR/metrics.jsonl)")
+        raise UserError(f"training log {path} does not exist (train_gpt2.py writes LOG_DIR/metrics.jsonl)")
     with open(path) as f:
         lines = f.read().split("\n")
     records = []
