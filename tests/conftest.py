@@ -25,6 +25,9 @@ TINY = ["--device=cpu", "--recipe=gpt2", "--n_layer=2", "--n_head=2", "--n_kv_he
 # library does not promise the same rounding from run to run.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 torch.set_num_threads(1)  # the same in the test workers, whose in-process runs are compared with those
+# and in every other process a test starts (sample.py, bench.py's sections, ...): on CI's 2 cores, shared by 3
+# test workers, a second math thread per process only competes for them
+os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 # Each test worker compiles into an inductor cache of its own, new for the session, which the processes it
 # starts share: not the user's (a run the tests kill while compiling can leave a half-written kernel library
 # in a cache), and not another worker's.

@@ -534,14 +534,14 @@ def test_report_runs_every_section_and_continues(tmp_path, capsys):
     assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
     assert "== " not in capsys.readouterr().out
     (out / "hellaswag.json").unlink()
-    (out / "levers.json").unlink()
+    (out / "tuning.json").unlink()  # a lever's section, of the quickest (levers' took 3 times as long)
     assert gpu_report.run(str(out), "cpu", budget=0.01, commit="abc1234", peer=STANDIN) == 2
     said = capsys.readouterr().out
-    assert "stopped at the budget during levers" in said and re.findall(r"^== (\w+)", said, re.M) == ["levers"]
-    assert not (out / "levers.json").exists()
-    assert "| [levers]" not in (out / "report.md").read_text()  # a stopped section is not shown
+    assert "stopped at the budget during tuning" in said and re.findall(r"^== (\w+)", said, re.M) == ["tuning"]
+    assert not (out / "tuning.json").exists()
+    assert "| [tuning]" not in (out / "report.md").read_text()  # a stopped section is not shown
     assert gpu_report.run(str(out), "cpu", commit="abc1234", peer=STANDIN) == 0
-    assert re.findall(r"^== (\w+)", capsys.readouterr().out, re.M) == ["levers", "hellaswag"]  # what was missing
+    assert re.findall(r"^== (\w+)", capsys.readouterr().out, re.M) == ["tuning", "hellaswag"]  # what was missing
     assert [m.group(1) for m in row.finditer((out / "report.md").read_text())] == names
     # the script's: its first step over the later ones' median, never negative (an eager first step may be
     # the fastest: flaky at 1181ac5), and its first evaluation over the later ones' (the step after each less)

@@ -904,10 +904,12 @@ def test_what_the_settings_block_says_is_what_runs(tmp_path, monkeypatch, capsys
     (tmp_path / "a").mkdir()
     edited = edited_script(tmp_path / "a", n_layer=1, seed=7, min_lr_ratio=0.2)
     log = str(tmp_path / "log")
-    assert edited.main([f"--log_dir={log}", "--max_steps=2", "--eval_interval=1"]) == 0
+    # (a few validation rows, not the laptop's whole split: each of the 4 evaluations below took 8 s)
+    assert edited.main([f"--log_dir={log}", "--max_steps=2", "--eval_interval=1", "--val_tokens=2048"]) == 0
     start = records(log)[0]
-    assert {k: start["config"][k] for k in ("seed", "min_lr_ratio", "n_layer", "max_steps", "n_embd")} == {
-        "seed": 7, "min_lr_ratio": 0.2, "n_layer": 4, "max_steps": 2, "n_embd": 64}
+    assert {k: start["config"][k] for k in ("seed", "min_lr_ratio", "n_layer", "max_steps", "n_embd",
+                                            "val_tokens")} == {
+        "seed": 7, "min_lr_ratio": 0.2, "n_layer": 4, "max_steps": 2, "n_embd": 64, "val_tokens": 2048}
     assert start["source"]["n_layer"] == "the laptop preset" and "seed" not in start["source"]
     assert "n_layer=4" in start["notes"][0] and start["config"]["data_root"] == settings.SHAKESPEARE
     assert [r["step"] for r in records(log) if "val_loss" in r] == [1, 2]
