@@ -3,7 +3,7 @@ its second batch (a whole first step where a step takes one micro-batch), with t
 span, its comprehensions and docstring included), by file.
 
     python dev/step_path.py                  # the quick start: python train_gpt2.py on a CPU, no shards
-    python dev/step_path.py --recipe=gpt2    # GPT-2's recipe: #80's count (029eb9d: 1,515 lines; 1,510 here)
+    python dev/step_path.py --recipe=gpt2    # #80's run: at 029eb9d 1,515 lines by its count, 1,510 by this
     python dev/step_path.py --n_layer=2 -v   # any train_gpt2.py flags; -v lists each function
 
 It runs in a temporary log_dir and stops at the second batch (nothing is trained further).

@@ -1,10 +1,9 @@
 """What a run runs, decided once at start-up in one pass (resolve), before any model is built, into one frozen
 Settings; where each setting came from is recorded as it is decided. checkpoint.py reads the run's files.
 
-The rule (docs/training.md, "What runs"): a first start runs the settings block, then the presets that apply,
-then this command's flags (first_start); a resume runs its checkpoint's settings with the block's lines edited
-since and this command's flags, and refuses first what it cannot change (continued). Then the checks
-(validate) and the fits to this machine (fit), each a NOTE.
+The rule (docs/training.md, "What runs"): a first start runs the block, the presets that apply, the flags
+(first_start); a resume its checkpoint's settings, the block's lines edited since, the flags, refusing first
+what it cannot change (continued); then the checks (validate) and the fits to this machine (fit), each a NOTE.
 """
 import dataclasses
 import difflib
@@ -156,10 +155,12 @@ def first_start(block, given, rt):
                 preset[k], source[k] = v, f"the {name} preset"
     preset = {k: v for k, v in preset.items() if v != block[k]}
     source = {**{k: source[k] for k in preset}, **dict.fromkeys(given, "this command")}
-    left_out = " (the command's shape, whole: theirs left out)" if shaped else ""
+    cfg = {**absolute(block), **preset, **given}
+    left_out = (f" (the command's shape, whole: {', '.join(f'{k}={cfg[k]}' for k in SHAPE)}; theirs left out)"
+                if shaped else "")
     notes = [f"presets {'; '.join(name + why for name, why, _ in presets)}{left_out}: " + ", ".join(
         f"{k}={v!r}" for k, v in preset.items()) + " (--name=value sets any)"] if preset else []
-    return {**absolute(block), **preset, **given}, source, notes
+    return cfg, source, notes
 
 
 def weights_shape(cfg, source, given, fields):
@@ -214,9 +215,8 @@ def changes(resume, s, source, rt):
     changed = [f"{k} {saved[k]!r} -> {v!r} ({source.get(k, 'this machine')})" for k, v in now.items()
                if k in saved and saved[k] not in (v, "auto") and k != "log_dir"]
     notes = [f"changed since the checkpoint: {', '.join(changed)}"] if changed else []
-    if resume.meta["world_size"] != rt.world_size:
-        notes.append(f"processes changed since the checkpoint: {resume.meta['world_size']} -> "
-                     f"{rt.world_size}")
+    if (before := resume.meta["world_size"]) != rt.world_size:
+        notes.append(f"processes changed since the checkpoint: {before} -> {rt.world_size}")
     moved = {k: saved[k] for k in now if k in saved and saved[k] != now[k]}  # any knob get_lr reads
     lr = lambda x: get_lr(resume.step, x.max_lr, x)  # noqa: E731  (the step's rate at max_lr's peak)
     was, new = lr(dataclasses.replace(s, **moved)), lr(s)

@@ -412,8 +412,9 @@ def test_size_and_recipe_presets(tmp_path, text):
     s, _, origin = decide(tmp_path, {"n_layer": 12, "n_embd": 768, "data_root": text}, cpu)
     assert (s.n_layer, s.n_head, s.n_kv_head, s.n_embd, s.T) == (12, 12, 12, 768, 128)  # T: the laptop's
     assert origin["notes"][0].startswith("presets laptop (no CUDA device: training on the CPU); --recipe=modern "
-                                         "(the command's shape, whole: theirs left out): ")
-    assert "n_head" not in origin["notes"][0]
+                                         "(the command's shape, whole: n_layer=12, n_head=12, n_kv_head=12, "
+                                         "n_embd=768; theirs left out): ")  # the block's heads, named
+    assert "n_head=4" not in origin["notes"][0]
     for size, (layers, width) in {"124M": (12, 768), "774M": (36, 1280), "1558M": (48, 1600)}.items():
         s, _, _ = decide(tmp_path, {"size": size, "data_root": text}, gpu)
         assert (s.n_layer, s.n_embd) == (layers, width) and s.n_embd % s.n_head == 0
