@@ -32,8 +32,8 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
                                    f"--log_dir={log}"]) == 0
     said = capsys.readouterr().out
     assert ("NOTE: presets input.txt (no shards in edu_fineweb10B/, which `python fineweb.py` makes: training "
-            "on input.txt); laptop (no CUDA device: training on the CPU) (the command's shape, whole: theirs left "
-            "out): data_root=") in said
+            "on input.txt); laptop (no CUDA device: training on the CPU) (the command's shape, whole: n_layer=2, "
+            "n_head=2, n_kv_head=2, n_embd=32; theirs left out): data_root=") in said
     recs = records(log)
     start = recs[0]
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
