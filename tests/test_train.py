@@ -39,7 +39,7 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert start["event"] == "start" and start["config"]["data_root"] == settings.SHAKESPEARE
     assert (start["config"]["device"], start["config"]["dtype"]) == ("cpu", "fp32")  # what ran, not "auto"
     assert start["config"]["n_layer"] == 2 and start["config"]["max_steps"] == 30  # the command line's, kept
-    assert start["notes"][0].startswith("presets input.txt (") and "n_layer" not in start["notes"][0]
+    assert start["notes"][0].startswith("presets input.txt (") and "n_layer=4" not in start["notes"][0]
     assert start["source"]["data_root"] == "the input.txt preset"  # where each setting came from
     assert start["source"]["n_layer"] == start["source"]["max_steps"] == "this command"
     assert "muon_lr" not in start["source"]  # the block's: not listed
