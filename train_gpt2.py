@@ -121,7 +121,9 @@ def main(argv=None):
         return 0
     run = start_run(s, rt, resume, origin)  # model, data, optimizers, log
     if s.eval_only:  # init_from's model, evaluated and logged; no training, no checkpoint
-        return evaluate_only(run)
+        with run.log:
+            evaluate(run)
+        return 0
     peak = peak_flops(torch.cuda.get_device_name(rt.device), rt.dtype) if rt.kind == "cuda" else None
 
     # ---------------------------------------------------------------------------------------- training loop
@@ -165,8 +167,13 @@ def main(argv=None):
                 evaluate_or_stop(run, run.last_checkpoint if saved else None)
             run.clock.lap(step)  # the pace behind the ETA counts evaluations and checkpoints too
             if stop:  # not a finish: scripts and schedulers see 128 + signal (143 TERM, 130 INT, 138 USR1)
-                return stopped(stop, step)
-    return finished(run)
+                print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to "
+                       "resume")
+                return 128 + stop
+    if rt.master:  # finished: what ran and what it reached, from the log alone
+        print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
+               "again)")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -308,7 +315,8 @@ def log_start(run):
     differs = {k: v for k, v in config.items() if v != CONFIG[k]}
     print0(f"config (what differs from the settings block; the log keeps all): {json.dumps(differs)}")
     print0(f"model: {model.num_params():,} parameters, {model.config}")
-    print0(eval_line(run) if s.eval_only else data_lines(run))
+    print0(f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
+           f"HellaSwag examples; device {rt.device}" if s.eval_only else data_lines(run))
     start = {"event": "start", "step": run.step, "config": config, "differs": differs,
              "model_config": dataclasses.asdict(model.config), "world_size": rt.world_size,
              "notes": run.origin["notes"], "source": run.origin["source"], "time": time.time(),
@@ -316,6 +324,24 @@ def log_start(run):
     run.log.log([start])
     if s.tracker:
         run.log.open_trackers(s.tracker, s.log_dir, start)
+
+
+def data_lines(run):
+    """log_start's lines of a training run: its data and its batch."""
+    s, rt, loader = run.s, run.rt, run.train_loader
+    lines = [f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
+             f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)"]
+    lines += [f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "  # a corpus's tail
+              f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on"
+              for name, tokens in loader.skipped]
+    mem = "" if rt.memory is None else (  # a GPU's, which settings.fit fits B to
+        f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB" + (
+            f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+            + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+            + ")" if s.fsdp else ""))
+    return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
+                              f"{plural(rt.world_size, 'process', 'processes')} x "
+                              f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}"])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -379,53 +405,9 @@ def save(run):
 # ------------------------------------------------------------------------------------------------------------
 # stopping: the failures that name their fix (what every rank agrees on after a step: runtime.agree)
 
-def eval_line(run):
-    """log_start's line of an evaluation: what it reads."""
-    s = run.s
-    return (f"eval: {s.val_tokens // s.T * s.T:,} validation tokens from {s.data_root}, {s.hellaswag:,} "
-            f"HellaSwag examples; device {run.rt.device}")
-
-
-def data_lines(run):
-    """log_start's lines of a training run: its data and its batch."""
-    s, rt, loader = run.s, run.rt, run.train_loader
-    lines = [f"data: {s.data_root}, {loader.tokens_total:,} train tokens, "
-             f"{1 - loader.tokens_per_epoch / loader.tokens_total:.2%} skipped per epoch (shard tails)"]
-    lines += [f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "  # a corpus's tail
-              f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on"
-              for name, tokens in loader.skipped]
-    mem = "" if rt.memory is None else memory_line(run)  # a GPU's, which settings.fit fits B to
-    return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
-                              f"{plural(rt.world_size, 'process', 'processes')} x "
-                              f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}"])
-
-
-def memory_line(run):
-    """The batch line's end on a GPU: the memory a process is estimated to need, and FSDP's shards."""
-    s, rt = run.s, run.rt
-    sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-               + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
-               + ")") if s.fsdp else ""
-    return f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB{sharded}"
-
-
 def memory(run):
     """accounting.py's estimate of this run's training memory per process, in bytes."""
     return memory_estimate(run.models.raw.config, dataclasses.asdict(run.s), run.rt, run.s.B)
-
-
-def finished(run):
-    """The end of a run that reached max_steps: what ran and what it reached, from the log alone."""
-    if run.rt.master:
-        print0(f"report: {write_report(run.log.path)} (python plot.py --report --log={run.log.path} makes it "
-               f"again)")
-    return 0
-
-
-def stopped(stop, step):
-    """A stop signal's exit status, 128 + signal, said."""
-    print0(f"stopped by {signal.Signals(stop).name} after step {step}; rerun the same command to resume")
-    return 128 + stop
 
 
 def resume_hint(run):
@@ -536,13 +518,6 @@ def evaluate(run):
         print0(f"sample: {text!r}")
     run.log.log(records + [{"step": run.step, "samples": samples}])
     models.eval_model.train()
-
-
-def evaluate_only(run):
-    """eval_only: init_from's model evaluated once and logged; exit status 0."""
-    with run.log:
-        evaluate(run)
-    return 0
 
 
 def evaluate_or_stop(run, checkpoint):
