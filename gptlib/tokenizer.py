@@ -164,38 +164,30 @@ def field(row, text_field, where):
 def iter_file(path, text_field="text"):
     """The documents' texts of one file: a .txt file is one document (an empty one none), a .jsonl file one
     per line and a .parquet file one per row (their text_field)."""
-    readers = {".txt": read_txt, ".jsonl": iter_jsonl_texts, ".parquet": iter_parquet}
-    kind = next((ext for ext in readers if path.endswith(ext)), None)
-    if kind is None:
+    if path.endswith(".txt"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move "
+                            "it elsewhere") from None
+        if text:
+            yield text
+    elif path.endswith(".jsonl"):
+        for where, row in iter_jsonl(path):
+            yield field(row, text_field, where)
+    elif path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # comes with datasets
+        pf = pq.ParquetFile(path)
+        if text_field not in pf.schema_arrow.names:
+            raise UserError(f"{path} has no column {text_field!r} (columns: "
+                            f"{', '.join(pf.schema_arrow.names)}): pass --text_field")
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for value in batch.column(0).to_pylist():
+                yield text_of(value, path)
+    else:
         raise UserError(f"{path}: unsupported file type; documents come in {', '.join(DOCUMENT_FILES)} files "
                         "(name a plain-text file .txt; token shards: give their folder)")
-    return readers[kind](path, text_field)
-
-
-def read_txt(path, text_field=None):
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start:,}): convert it, or move it "
-                        "elsewhere") from None
-    return [text] if text else []
-
-
-def iter_jsonl_texts(path, text_field):
-    for where, row in iter_jsonl(path):
-        yield field(row, text_field, where)
-
-
-def iter_parquet(path, text_field):
-    import pyarrow.parquet as pq  # comes with datasets
-    pf = pq.ParquetFile(path)
-    if text_field not in pf.schema_arrow.names:
-        raise UserError(f"{path} has no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}): "
-                        "pass --text_field")
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            yield text_of(value, path)
 
 
 @functools.lru_cache(maxsize=4)  # the train and the val loader share one tokenization
