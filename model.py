@@ -293,15 +293,9 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def num_params(self, non_embedding=False):
-        """Parameters, the tied wte/lm_head counted once; non_embedding=True leaves out the lookups (no
-        FLOPs): the position embeddings, and wte when lm_head is its own matrix (tied, it is the biggest
-        matmul)."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= sum(m.weight.numel() for name, m in self.transformer.items()
-                     if name == "wpe" or (name == "wte" and self.config.untied_head))
-        return n
+    def num_params(self):
+        """Parameters, the tied wte/lm_head counted once (accounting.count_params: those with FLOPs)."""
+        return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, targets=None, reduction="mean", cache=None, packing=None):
         """idx (B, T) token ids -> (logits (B, T, vocab_size), None); given targets (B, T), (None, the mean

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import core_eval
 from dataloader import DataLoaderLite
 from gptlib import runtime, settings
-from gptlib.accounting import memory_estimate, mfu, micro_batches, peak_flops
+from gptlib.accounting import memory_estimate, memory_said, mfu, micro_batches, peak_flops
 from gptlib.checkpoint import load_model, remove_stale_writes, room_note, save_run
 from gptlib.engine import Engine
 from gptlib.errors import PeerFailed, RankError, UserError, main_guard, plural, say
@@ -133,7 +133,8 @@ def main(argv=None):
         while run.step < s.max_steps:
             t0 = time.time()
             run.doing = f"in step {run.step + 1}"
-            runtime.reset_peak_memory(rt.device)  # this step's peak, not the run's (evaluations differ)
+            if rt.kind == "cuda":  # this step's peak, not the run's (evaluations differ); a host-side counter
+                torch.cuda.reset_peak_memory_stats(rt.device)
             lr = set_lr(run.optimizers, run.step, run.peaks, s)  # each parameter group from its role's peak
             scale = run.scaler.get_scale() if run.scaler.is_enabled() else None  # fp16: this step's scale
             batches = [run.train_loader.next_batch() for _ in range(run.accum_steps)]
@@ -145,7 +146,7 @@ def main(argv=None):
             run.step = step = run.step + 1
             tok_s = s.total_batch_size / dt
             util = peak and mfu(run.models.raw.config, tok_s / rt.world_size, peak, s.T)  # a known GPU's
-            mem = runtime.peak_memory(rt.device)  # this rank's; None off CUDA
+            mem = torch.cuda.max_memory_allocated(rt.device) if rt.kind == "cuda" else None  # this rank's
             elapsed, eta, last = run.clock.elapsed(), run.clock.eta(step, s.max_steps), step == s.max_steps
             if step % s.log_interval == 0 or step == 1 or last:
                 print0(f"step {step:5d}/{s.max_steps} | loss {loss:.6f} | lr {lr:.4e} | norm {norm:.4f} "
@@ -185,6 +186,7 @@ class Models(NamedTuple):
     train_model: torch.nn.Module  # the training step's: compiled, in DDP or sharded (FSDP)
     eval_model: torch.nn.Module  # evaluation's: compiled, never in DDP
     compiled: bool
+    no_sync: object = contextlib.nullcontext  # a micro-step before the last: DDP's no_sync (ddp says why)
 
 
 @dataclasses.dataclass
@@ -269,25 +271,29 @@ def load_data(s, rt):
 
 
 def wrap_model(raw_model, s, rt):
-    """Models: how this rank runs the model. DDP goes inside torch.compile (each bucket's all-reduce overlaps
-    the backward); evaluation runs without it. FSDP: shard_model."""
+    """Models: how this rank runs the model: compiled (s.compile), in DDP under torchrun (ddp), or sharded
+    (shard_model)."""
     if s.fsdp:
         return shard_model(raw_model, s, rt)
-    maybe_compile = torch.compile if s.compile else (lambda m: m)
+    compiled = torch.compile(raw_model) if s.compile else raw_model
     if rt.distributed:
-        return Models(raw_model, maybe_compile(ddp(raw_model, rt)), maybe_compile(raw_model), s.compile)
-    compiled = maybe_compile(raw_model)
+        return ddp(raw_model, compiled, s, rt)
     return Models(raw_model, compiled, compiled, s.compile)
 
 
-def ddp(raw_model, rt):
-    """The model in DDP, for the training step (torch.compile wraps it: each bucket's all-reduce overlaps the
-    backward)."""
+def ddp(raw_model, compiled, s, rt):
+    """Models under DDP: the training step's model in DDP, inside torch.compile (each bucket's all-reduce
+    overlaps the backward); evaluation's without it (compiled). The gradients cross ranks in the last
+    micro-step's backward only (no_sync before it). FSDP reduce-scatters them every micro-step: accumulating
+    them unsharded would hold a whole fp32 copy on every rank (1558M: 6.2 GB) to save communication that
+    overlaps anyway."""
     # DDP's forward opens a profiler record_function, which Dynamo drops with a warning in every log unless it
     # may trace it (a recent setting: where a torch lacks it, the warning stays)
     if hasattr(torch._dynamo.config, "capture_profiler_record_function"):
         torch._dynamo.config.capture_profiler_record_function = True
-    return DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
+    wrapped = DDP(raw_model, device_ids=[rt.local_rank] if rt.kind == "cuda" else None)
+    return Models(raw_model, torch.compile(wrapped) if s.compile else wrapped, compiled, s.compile,
+                  wrapped.no_sync)
 
 
 def shard_model(raw_model, s, rt):
@@ -334,11 +340,8 @@ def data_lines(run):
     lines += [f"NOTE: {os.path.basename(name)} ({tokens:,} tokens) is shorter than a step "  # a corpus's tail
               f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on"
               for name, tokens in loader.skipped]
-    mem = "" if rt.memory is None else (  # a GPU's, which settings.fit fits B to
-        f"; estimated training memory per process {memory(run) / 2**30:.1f} GiB" + (
-            f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-            + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
-            + ")" if s.fsdp else ""))
+    # a GPU's memory, which settings.fit fits B to
+    mem = "" if rt.memory is None else f"; {memory_said(run.models.raw.config, dataclasses.asdict(s), rt)}"
     return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
                               f"{plural(rt.world_size, 'process', 'processes')} x "
                               f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}"])
@@ -356,7 +359,7 @@ def train_step(batches, models, optimizers, scaler, rt, grad_clip):
     loss_accum = torch.zeros((), device=rt.device)
     for i, (x, y) in enumerate(batches):
         x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-        with sync_gradients(models.train_model, last=i == len(batches) - 1):
+        with models.no_sync() if i < len(batches) - 1 else contextlib.nullcontext():  # DDP: the last syncs
             with autocast(rt.device, rt.dtype):
                 _, loss = models.train_model(x, y)
             loss = loss / len(batches)  # the mean over the whole batch, not a sum of means
@@ -381,14 +384,6 @@ def train_step(batches, models, optimizers, scaler, rt, grad_clip):
             return loss, norm, "diverged"
         scaler.update()  # fp16: lowers the scale after an overflow
     return loss, norm, update
-
-
-def sync_gradients(model, last):
-    """The context of a micro-step: under DDP the gradients cross ranks in the last micro-step's backward
-    only (no_sync before it). FSDP reduce-scatters them every micro-step: accumulating them unsharded would
-    hold a whole fp32 copy on every rank (1558M: 6.2 GB) to save communication that overlaps anyway."""
-    ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper holds the DDP module
-    return ddp.no_sync() if isinstance(ddp, DDP) and not last else contextlib.nullcontext()
 
 
 def save(run):
@@ -421,8 +416,7 @@ def resume_hint(run):
 def diverged(run, loss, norm):
     """A non-finite loss or gradient norm (the step was not applied): said, logged, exit status 1."""
     print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {run.step + 1}: stopped before "
-           f"its update. The newest checkpoint is {run.last_checkpoint}; lower max_lr or check the data, "
-           f"then rerun to resume from the newest checkpoint that verifies")
+           f"its update. Lower --max_lr or check the data, then rerun. {resume_hint(run)}")
     run.log.append([{"step": run.step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
     return 1
 

@@ -13,14 +13,19 @@ from model import GPT, GPTConfig
 
 
 def count_params(config, non_embedding=False):
-    """GPT(config).num_params(), counted once per config on a model built on the meta device (no memory)."""
+    """GPT(config).num_params(), counted once per config on a model built on the meta device (no memory);
+    non_embedding=True leaves out the lookups (no FLOPs): the position embeddings, and wte when lm_head is
+    its own matrix (tied, it is the biggest matmul)."""
     return built_params(tuple(dataclasses.asdict(config).items()), non_embedding)
 
 
 @functools.lru_cache(maxsize=None)  # tens of ms a build: once, not at every step's MFU
 def built_params(fields, non_embedding):
     with torch.device("meta"):
-        return GPT(GPTConfig(**dict(fields))).num_params(non_embedding)
+        model = GPT(GPTConfig(**dict(fields)))
+    lookups = sum(m.weight.numel() for name, m in model.transformer.items()
+                  if name == "wpe" or (name == "wte" and model.config.untied_head))
+    return model.num_params() - (lookups if non_embedding else 0)
 
 
 def flops_per_token(config, T=None):
@@ -140,6 +145,16 @@ def memory_estimate(config, s, rt, B):
     (a dict): the dtype, FSDP's shards and whether the step is compiled."""
     return training_memory(config, B, s["T"], rt.dtype, rt.world_size if s["fsdp"] else 1,
                            compiled=s["compile"])["total"]
+
+
+def memory_said(config, s, rt):
+    """memory_estimate at s's B in words, for train_gpt2.py's batch line: what FSDP shards, and in which
+    dtypes it gathers and reduces."""
+    fsdp = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+            + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+            + ")" if s["fsdp"] else "")
+    need = memory_estimate(config, s, rt, s["B"])
+    return f"estimated training memory per process {need / 2**30:.1f} GiB{fsdp}"
 
 
 def micro_batches(total_batch_size, T, world_size):

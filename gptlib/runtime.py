@@ -126,24 +126,6 @@ def autocast(device, dtype):
     return torch.autocast(torch.device(device).type, dtype=TORCH_DTYPES[dtype])
 
 
-def device_memory(device):
-    """A CUDA GPU's total memory in bytes; None for other devices (a CPU's is not checked)."""
-    if torch.device(device).type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory
-
-
-def reset_peak_memory(device):
-    """Start counting the peak of memory allocated on a CUDA device afresh (a host-side counter: no sync)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device):
-    """Bytes allocated at most on a CUDA device since reset_peak_memory (a step's need); None elsewhere."""
-    return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
-
-
 def synchronize(device):
     """Wait for the device's queued work (GPUs run asynchronously): before reading a clock."""
     kind = torch.device(device).type
@@ -229,9 +211,6 @@ def setup(device="auto", dtype="auto", timeout=None):
                         "path; --dtype=auto (fp32 here) trains faster")
     if distributed:
         join(rt, timeout)
-    rt.memory = device_memory(rt.device)  # None off CUDA
-    if distributed and rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
-        rt.memory = min(all_gather(rt.memory))
     return rt
 
 
@@ -256,6 +235,7 @@ def use_gpu(rt, dtype):
     rt.device = f"cuda:{rt.local_rank}"
     torch.cuda.set_device(rt.device)  # before any capability is read: the rank's own GPU, not GPU 0
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
+    rt.memory = torch.cuda.get_device_properties(rt.device).total_memory  # what settings.fit fits B to
     rt.dtype = resolve_dtype(dtype, rt.device)
     if rt.dtype == "bf16" and not native_bf16(rt.device):
         major, minor = torch.cuda.get_device_capability(rt.device)
@@ -266,7 +246,8 @@ def use_gpu(rt, dtype):
 
 def join(rt, timeout):
     """setup()'s torchrun part: the process group (NCCL between GPUs, gloo between CPU processes; a collective
-    that waits `timeout` seconds for another rank fails) and the patient group beside it."""
+    that waits `timeout` seconds for another rank fails), the patient group beside it, and the GPU memory
+    every rank's B is fitted to (the smallest)."""
     wait = datetime.timedelta(seconds=timeout) if timeout else COLLECTIVE_TIMEOUT
     # device_id: NCCL binds the rank's GPU now, so a barrier need not guess it (and say so in a warning)
     dist.init_process_group("nccl" if rt.kind == "cuda" else "gloo", timeout=wait,
@@ -275,6 +256,8 @@ def join(rt, timeout):
     # every rank connected before any leaves: a rank that stops at once (a mistake every rank finds, only
     # local rank 0 says) would break the connections a slower rank is still making, with a traceback
     dist.barrier(group=rt.patient)
+    if rt.memory is not None:  # every rank's B is the same: the smallest GPU decides
+        rt.memory = min(all_gather(rt.memory))
 
 
 def compile_blocker(rt):

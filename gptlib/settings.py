@@ -120,9 +120,6 @@ def first_start(block, given, rt):
     if asked["init_from"] == "resume":
         raise UserError(f"--init_from=resume but {asked['log_dir']} holds no checkpoint (model_*.pt)")
     weights = asked["init_from"] != "scratch"  # they decide the model, and so its recipe
-    if weights and set(RECIPES.get(given.get("recipe"), {})) & set(model_fields(block)):
-        raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): "
-                        "drop it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
     doing, presets = "evaluating" if asked["eval_only"] else "training", []  # [(name, why, settings)]
     if "data_root" not in given and block["data_root"] == FINEWEB_DIR and not os.path.exists(FINEWEB_DIR):
         if rt.distributed:
@@ -165,7 +162,10 @@ def first_start(block, given, rt):
 
 def weights_shape(cfg, source, given, fields):
     """cfg (in place) with the model fields of the weights it starts from; one the command names that differs
-    is a UserError, as is a T beyond their positions."""
+    is a UserError, as are a T beyond their positions and a recipe that would set model fields."""
+    if set(RECIPES.get(given.get("recipe"), {})) & set(fields):
+        raise UserError(f"--recipe={given['recipe']} sets model options the weights decide (--init_from): "
+                        "drop it, and name what else you want of it (--optimizer=muon, --max_lr=...)")
     config, origin = model_config(cfg["init_from"], "--init_from"), cfg["init_from"]
     differ = [k for k in fields if k in given and given[k] != config[k]]
     if differ:
@@ -379,7 +379,7 @@ def parse_overrides(argv, Settings, script):
             overrides[key] = convert(value, type(block[key]))
         except ValueError:
             kind = {bool: "True or False", int: "a whole number"}.get(type(block[key]), "a number")
-            raise UserError(f"--{key}={value!r} is not {kind} (default: {block[key]!r})") from None
+            raise UserError(f"--{key}={value!r} is not {kind}") from None
     return absolute(overrides)
 
 

@@ -343,8 +343,8 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text)
     last = final_weights(log)  # the newest checkpoint is the last good step, loadable
     assert last["step"] == bad[0]["step"] - 1 and all(torch.isfinite(v).all() for v in last["model"].values())
     out = capsys.readouterr().out
-    assert (f"at step {bad[0]['step']}: stopped before its update. The newest checkpoint is "
-            f"model_{last['step']:06d}.pt (step {last['step']})") in out, out
+    assert (f"at step {bad[0]['step']}: stopped before its update. Lower --max_lr or check the data, then "
+            f"rerun. The newest checkpoint is model_{last['step']:06d}.pt (step {last['step']})") in out, out
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -557,7 +557,8 @@ def test_micro_batch_is_fitted_to_the_gpus_memory(tmp_path, monkeypatch, capsys,
     config = GPTConfig(block_size=1024, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
     need = {b: training_memory(config, b, 32, "fp32")["total"] for b in (4, 8)}
     memory = int((need[4] + need[8]) / 2 / 0.9)  # 90% of it is the budget
-    monkeypatch.setattr(runtime, "device_memory", lambda device: memory)
+    setup = runtime.setup  # a fake GPU's memory on the CPU
+    monkeypatch.setattr(runtime, "setup", lambda **kw: dataclasses.replace(setup(**kw), memory=memory))
     args = [a for a in TINY if not a.startswith("--B=")] + (["--B=8"] if given else [])  # B=8: the fallback's 16, lowered
     train_gpt2.main(args + [f"--data_root={text}", "--max_steps=1", f"--log_dir={tmp_path}"])
     out = capsys.readouterr().out
@@ -716,8 +717,8 @@ def test_compile_is_not_used_on_an_apple_gpu(tmp_path, monkeypatch, text):
 def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, reference):
     """--init_from=<weights> without shape settings: the run is the weights' model, and its config line and
     start record say so (not the CPU fallback's 4 layers x 64); the CPU NOTE promises no small model. A shape
-    setting that differs from the weights, or a T beyond their positions, is refused in one line before
-    anything is built."""
+    setting that differs from the weights, a recipe that would set model options, or a T beyond their
+    positions, is refused in one line before anything is built."""
     from model import GPT, GPTConfig
     *_, weights = checkpoints(reference[2])  # 2 layers x 32 wide, 1024 positions
     args = ["--device=cpu", f"--data_root={text}", f"--init_from={weights}", "--max_steps=1", "--hellaswag=0",
@@ -732,6 +733,8 @@ def test_a_fine_tune_runs_and_records_its_weights_shape(tmp_path, capsys, text, 
     with pytest.raises(UserError, match=f"n_layer=3 \\(this command\\), but {weights} has n_layer=2: "
                                         "the weights decide"):
         train_gpt2.main(args + ["--n_layer=3", f"--log_dir={tmp_path / 'x'}"])
+    with pytest.raises(UserError, match="--recipe=modern sets model options the weights decide"):
+        train_gpt2.main(args + ["--recipe=modern", f"--log_dir={tmp_path / 'x'}"])
     torch.manual_seed(0)
     from gptlib import hf_gpt2
     hf_gpt2.save_pretrained(GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)),
