@@ -1017,3 +1017,41 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
                             f"print(runlog.lock({str(tmp_path / 'log')!r}, create=True))"],
                            cwd=ROOT, capture_output=True, text=True)
     assert "is in use by another run (pid" in other.stdout, other.stdout + other.stderr
+
+
+def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
+    """wrap_model under torchrun (one gloo rank, in-process): train_step runs the micro-steps before the
+    last in DDP's no_sync, so the gradients cross ranks once a step, not once a micro-step; the update is the
+    one-process run's."""
+    import socket
+    import torch.distributed as dist
+    from gptlib.runtime import Runtime
+    from model import GPT, GPTConfig
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        s = dataclasses.replace(train_gpt2.Settings(), compile=False)
+        config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
+        torch.manual_seed(0)
+        batches = [(torch.randint(64, (2, 16)), torch.randint(64, (2, 16))) for _ in range(3)]
+        grads = []
+        for rt in (Runtime(), Runtime(distributed=True)):
+            torch.manual_seed(0)
+            models = train_gpt2.wrap_model(GPT(config), s, rt)
+            reduced = []
+            if rt.distributed:  # DDP's all-reduce of a bucket, counted
+                def hook(state, bucket):
+                    reduced.append(bucket.index())
+                    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+                        lambda fut: fut.value()[0])
+                models.train_model.register_comm_hook(None, hook)
+            opt = torch.optim.SGD(models.raw.parameters(), lr=0.0)
+            scaler = torch.amp.GradScaler("cpu", enabled=False)
+            train_gpt2.train_step(batches, models, [opt], scaler, rt, grad_clip=1.0)
+            grads.append([p.grad.clone() for p in models.raw.parameters()])
+            assert not rt.distributed or reduced and set(reduced) == set(range(len(reduced))), reduced
+    finally:
+        dist.destroy_process_group()
+    assert all(torch.allclose(a, b) for a, b in zip(*grads))
