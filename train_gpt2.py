@@ -341,7 +341,7 @@ def data_lines(run):
               f"({s.B * s.T * rt.world_size + 1:,} tokens): not trained on"
               for name, tokens in loader.skipped]
     # a GPU's memory, which settings.fit fits B to
-    mem = "" if rt.memory is None else f"; {memory_said(run.models.raw.config, dataclasses.asdict(s), rt)}"
+    mem = "" if rt.memory is None else f"; {memory_said(memory(run), s.fsdp, rt)}"
     return "\n".join(lines + [f"batch: {s.total_batch_size:,} tokens = {s.B} x {s.T} x "
                               f"{plural(rt.world_size, 'process', 'processes')} x "
                               f"{plural(run.accum_steps, 'accumulation step')}; device {rt.device}{mem}"])
@@ -416,7 +416,9 @@ def resume_hint(run):
 def diverged(run, loss, norm):
     """A non-finite loss or gradient norm (the step was not applied): said, logged, exit status 1."""
     print0(f"error: non-finite loss {loss} or gradient norm {norm} at step {run.step + 1}: stopped before "
-           f"its update. Lower --max_lr or check the data, then rerun. {resume_hint(run)}")
+           f"its update. Lower --max_lr or check the data, then rerun: it " + (
+               "starts afresh (no checkpoint yet)" if run.last_checkpoint == "none yet" else
+               f"resumes from {run.last_checkpoint}"))
     run.log.append([{"step": run.step + 1, "event": "non-finite", "loss": loss, "grad_norm": norm}])
     return 1
 

@@ -147,14 +147,13 @@ def memory_estimate(config, s, rt, B):
                            compiled=s["compile"])["total"]
 
 
-def memory_said(config, s, rt):
-    """memory_estimate at s's B in words, for train_gpt2.py's batch line: what FSDP shards, and in which
-    dtypes it gathers and reduces."""
-    fsdp = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
-            + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
-            + ")" if s["fsdp"] else "")
-    need = memory_estimate(config, s, rt, s["B"])
-    return f"estimated training memory per process {need / 2**30:.1f} GiB{fsdp}"
+def memory_said(need, fsdp, rt):
+    """A memory_estimate (need, bytes) in words, for train_gpt2.py's batch line: under FSDP what is sharded,
+    and in which dtypes it gathers and reduces."""
+    sharded = (f" (parameters, gradients and AdamW states sharded {rt.world_size} ways"
+               + (f"; blocks gathered in {rt.dtype}, gradients reduced in fp32" if rt.dtype != "fp32" else "")
+               + ")" if fsdp else "")
+    return f"estimated training memory per process {need / 2**30:.1f} GiB{sharded}"
 
 
 def micro_batches(total_batch_size, T, world_size):

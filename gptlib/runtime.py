@@ -225,7 +225,8 @@ def torchrun_ranks():
 
 
 def use_gpu(rt, dtype):
-    """setup()'s CUDA part: this rank's own GPU (one a process), TF32 matmuls, the dtype decided on it."""
+    """setup()'s CUDA part: this rank's own GPU (one a process), its memory, TF32 matmuls, the dtype decided
+    on it."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.local_rank + 1))  # processes on this node
     if local > (gpus := torch.cuda.device_count()):  # every rank of the node finds it; LOCAL_RANK 0 says
         raise UserError(f"{local} processes on this node (torchrun --nproc_per_node={local}) but it has "

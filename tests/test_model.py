@@ -669,8 +669,8 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(runtime, "pick_device", lambda name: "cuda")
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: types.SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: calls.append(
+        ("properties", str(device))) or types.SimpleNamespace(total_memory=80 * 2**30))
     monkeypatch.setattr(runtime.dist, "init_process_group", lambda *a, **k: groups.append((a, k)))
     monkeypatch.setattr(runtime.dist, "new_group", lambda **k: groups.append(((), k)) or "patient")
     monkeypatch.setattr(runtime.dist, "barrier", lambda group: groups.append(("barrier", group)))
@@ -688,7 +688,8 @@ def test_cuda_dtype_is_decided_on_the_ranks_own_gpu(monkeypatch, capability):
     rt = runtime.setup("cuda", "auto", timeout=300)
     assert (rt.rank, rt.world_size, rt.device) == (1, 2, "cuda:1") and rt.memory == 40 * 2**30
     assert rt.dtype == ("fp16" if capability < (8, 0) else "bf16") and rt.notes == []
-    assert calls[:2] == [("set_device", "cuda:1"), "high"] and set(calls[2:]) == {("capability", "cuda:1")}
+    assert calls[:2] == [("set_device", "cuda:1"), "high"]
+    assert set(calls[2:]) == {("capability", "cuda:1"), ("properties", "cuda:1")}
     # the steps' collectives wait the timeout given; the patient group, for checkpoint files, 30 minutes (NCCL
     # would abort the ranks waiting for a checkpoint after its default 10 minutes); NCCL is told the rank's
     # GPU; then every rank waits for the others to be connected

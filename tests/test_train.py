@@ -59,7 +59,8 @@ def test_tiny_run_on_input_txt(tmp_path, monkeypatch, capsys):
     assert {"optimizer", "rng", "model_config"} <= set(ckpt)
     for r in recs:
         if "loss" in r and "event" not in r:
-            assert {"lr", "grad_norm", "ms", "tok_s", "mfu"} <= set(r) and r["mfu"] is None
+            assert {"lr", "grad_norm", "ms", "tok_s", "mfu"} <= set(r)
+            assert r["mfu"] is None and r["peak_memory"] is None  # no GPU: no peak FLOPs, no CUDA memory
 
 
 def start_and_signal(args, cwd, log_dir, after_step, sig):
@@ -344,7 +345,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, capsys, text)
     assert last["step"] == bad[0]["step"] - 1 and all(torch.isfinite(v).all() for v in last["model"].values())
     out = capsys.readouterr().out
     assert (f"at step {bad[0]['step']}: stopped before its update. Lower --max_lr or check the data, then "
-            f"rerun. The newest checkpoint is model_{last['step']:06d}.pt (step {last['step']})") in out, out
+            f"rerun: it resumes from model_{last['step']:06d}.pt (step {last['step']})") in out, out
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -1021,8 +1022,8 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
 
 def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
     """wrap_model under torchrun (one gloo rank, in-process): train_step runs the micro-steps before the
-    last in DDP's no_sync, so the gradients cross ranks once a step, not once a micro-step; the update is the
-    one-process run's."""
+    last in DDP's no_sync, so the gradients cross ranks in the last micro-step's backward only, not once a
+    micro-step (nor in the first); the update is the one-process run's."""
     import socket
     import torch.distributed as dist
     from gptlib.runtime import Runtime
@@ -1040,10 +1041,11 @@ def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
         for rt in (Runtime(), Runtime(distributed=True)):
             torch.manual_seed(0)
             models = train_gpt2.wrap_model(GPT(config), s, rt)
-            reduced = []
-            if rt.distributed:  # DDP's all-reduce of a bucket, counted
+            reduced, forwards = [], []
+            models.raw.register_forward_pre_hook(lambda module, args: forwards.append(1))
+            if rt.distributed:  # DDP's all-reduce of a bucket: the micro-steps run by then
                 def hook(state, bucket):
-                    reduced.append(bucket.index())
+                    reduced.append(len(forwards))
                     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
                         lambda fut: fut.value()[0])
                 models.train_model.register_comm_hook(None, hook)
@@ -1051,7 +1053,7 @@ def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             train_gpt2.train_step(batches, models, [opt], scaler, rt, grad_clip=1.0)
             grads.append([p.grad.clone() for p in models.raw.parameters()])
-            assert not rt.distributed or reduced and set(reduced) == set(range(len(reduced))), reduced
+            assert not rt.distributed or reduced and set(reduced) == {len(batches)}, reduced
     finally:
         dist.destroy_process_group()
     assert all(torch.allclose(a, b) for a, b in zip(*grads))
