@@ -3,11 +3,13 @@ its second batch (a whole first step where a step takes one micro-batch), with t
 span, its comprehensions, nested functions and docstring included), by file.
 
     python dev/step_path.py                  # the quick start: python train_gpt2.py on a CPU, no shards
-    python dev/step_path.py --recipe=gpt2    # #80's run: at 029eb9d 1,515 lines by its count, 1,504 by this
+    python dev/step_path.py --recipe=gpt2    # the run issue #80 counted (1,504 lines at 029eb9d by this tool)
     python dev/step_path.py --n_layer=2 -v   # any train_gpt2.py flags; -v lists each function
 
-It runs in a temporary log_dir and stops at the second batch (nothing is trained further).
+It runs in a temporary log_dir, with the run's output hidden (-v shows it), and stops at the second batch
+(nothing is trained further).
 """
+import contextlib
 import os
 import sys
 import tempfile
@@ -58,12 +60,17 @@ def step_path(argv):
 
 
 def main():
+    if {"-h", "--help"} & set(sys.argv):
+        print(__doc__)
+        return
     verbose = "-v" in sys.argv
-    seen = step_path([a for a in sys.argv[1:] if a != "-v"])
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(sys.stdout if verbose else quiet):
+        seen = step_path([a for a in sys.argv[1:] if a != "-v"])
     files = {}
     for (path, _, _), lines in seen.items():
         files[path] = files.get(path, 0) + lines
-    print(f"{len(seen)} functions in {len(files)} files, {sum(seen.values()):,} lines")
+    print(f"one step's path (main() to the second batch): {len(seen)} functions in {len(files)} files, "
+          f"{sum(seen.values()):,} lines")
     for path, lines in sorted(files.items(), key=lambda item: -item[1]):
         print(f"  {path:28} {lines:4}")
     for (path, line, name), lines in sorted(seen.items()) if verbose else []:

@@ -174,7 +174,8 @@ def missing(path, option):
     it."""
     found = checkpoints(os.path.dirname(path) or ".")
     if not found:
-        return CheckpointError(f"checkpoint {path} does not exist")
+        return CheckpointError(f"checkpoint {path} does not exist (a training run writes its model_NNNNNN.pt "
+                               "in its log_dir)")
     return CheckpointError(f"checkpoint {path} does not exist; the newest in its folder is {found[-1]}"
                            + (f": {option} {found[-1]} picks it" if option else ""))
 

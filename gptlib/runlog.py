@@ -37,6 +37,8 @@ def hold_log_dir(log_dir, rt, create=False):
 def lock(log_dir, create):
     """Rank 0's part of hold_log_dir: the line to stop with, or None."""
     fix = "make it writable or choose another --log_dir"
+    if not log_dir:  # --log_dir=$DIR with DIR unset, say
+        return "--log_dir is empty: name a folder, such as --log_dir=log"
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         return f"--log_dir={log_dir} is a file, not a directory: choose another --log_dir"
     if not create and not os.path.isdir(log_dir):  # made later (create=True): its parent must take it

@@ -295,8 +295,8 @@ def fit(cfg, source, given, rt):
         cfg["val_tokens"], source["val_tokens"] = rows * cfg["T"], "the validation split"
     if cfg["warmup_steps"] >= cfg["max_steps"] and not cfg["eval_only"]:
         notes.append(f"warmup_steps={cfg['warmup_steps']} >= max_steps={cfg['max_steps']}: the learning "
-                     f"rate climbs for the whole run and never reaches max_lr={cfg['max_lr']:g} (lower "
-                     "--warmup_steps)")
+                     f"rate climbs for the whole run, to max_lr={cfg['max_lr']:g} at most, and never decays "
+                     "(lower --warmup_steps)")
     return notes
 
 

@@ -82,7 +82,8 @@ def test_a_checkpoint_without_a_checksum_is_refused(tmp_path):
 
 
 def test_load_model_errors(tmp_path):
-    with pytest.raises(UserError, match="checkpoint .*nope.pt does not exist$"):
+    with pytest.raises(UserError, match="checkpoint .*nope.pt does not exist \\(a training run writes its "
+                                        "model_NNNNNN.pt in its log_dir\\)$"):
         load_model(str(tmp_path / "nope.pt"))
     # one a resume's rotation deleted (README's model_000150.pt once the quick start is extended): the newest
     # beside it named, and how to pick it

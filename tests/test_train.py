@@ -626,11 +626,14 @@ def test_one_run_per_log_dir(tmp_path, text):
         first.wait()
     said = (tmp_path / "out.txt").read_text()
     assert "Ctrl-C: stopping after this step with a checkpoint; Ctrl-C again stops now without one" in said
+    assert "SIGTERM again: stopped now, without a checkpoint" in said
     assert "checkpoint:" not in said and "stopped by" not in said and checkpoints(log) == []
     FileLock(os.path.join(log, ".lock")).acquire(timeout=0)  # released by the OS with the process
     (tmp_path / "afile").write_text("")
     with pytest.raises(UserError, match="is a file, not a directory: choose another --log_dir$"):
         train_gpt2.main(TINY + [f"--data_root={text}", f"--log_dir={tmp_path / 'afile'}"])
+    with pytest.raises(UserError, match="^--log_dir is empty: name a folder, such as --log_dir=log$"):
+        train_gpt2.main(TINY + [f"--data_root={text}", "--log_dir="])
 
 
 @pytest.mark.parametrize("status", [0, 143])
@@ -823,8 +826,8 @@ def test_a_resume_notes_only_what_changed(tmp_path, capsys, text):
     assert train_gpt2.main(args + ["--max_steps=2", f"--data_root={text}"]) == 0
     said = capsys.readouterr().out
     assert "NOTE: val_tokens=32,768 but the validation split holds" in said
-    assert "NOTE: warmup_steps=2 >= max_steps=2: the learning rate climbs for the whole run and never reaches " \
-           "max_lr=0.003 (lower --warmup_steps)" in said
+    assert "NOTE: warmup_steps=2 >= max_steps=2: the learning rate climbs for the whole run, to max_lr=0.003 " \
+           "at most, and never decays (lower --warmup_steps)" in said
     dotted = os.path.join(os.path.dirname(text), ".", os.path.basename(text))
     assert train_gpt2.main(args + ["--max_steps=4", f"--data_root={dotted}"]) == 0
     said = capsys.readouterr().out
