@@ -103,8 +103,8 @@ def test_sample_compiled_gives_the_eager_texts(checkpoint, monkeypatch):
 
 @pytest.mark.slow
 def test_sample_errors(tmp_path, monkeypatch, capsys):
-    """A missing checkpoint: one line (through the entry point); an unknown model name or prompt file: the
-    same UserError in-process."""
+    """A missing checkpoint: one line (through the entry point); an unknown model name or prompt file, or
+    temperature 0: the same UserError in-process."""
     assert_one_line_error(run_sample("--model", str(tmp_path / "missing.pt"), "--device", "cpu"),
                           "checkpoint", "missing.pt does not exist")
     monkeypatch.setattr(sys, "argv", ["sample.py", "--model", "gpt-7", "--device", "cpu"])
@@ -112,6 +112,9 @@ def test_sample_errors(tmp_path, monkeypatch, capsys):
         sample.main()
     monkeypatch.setattr(sys, "argv", ["sample.py", "--prompt", f"FILE:{tmp_path / 'none.txt'}"])
     with pytest.raises(UserError, match="none.txt does not exist"):
+        sample.main()
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--temperature=0"])  # greedy, as other samplers take it
+    with pytest.raises(UserError, match="^--temperature=0: for greedy sampling .* use --top_k=1$"):
         sample.main()
     monkeypatch.setattr(sys, "argv", ["sample.py", "--help"])  # every option with its default
     with pytest.raises(SystemExit):
