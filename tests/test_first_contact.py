@@ -146,7 +146,7 @@ def test_train_refuses_numbers_out_of_range(tmp_path, arg, said):
 
 
 @pytest.mark.parametrize("module, argv, said", [
-    ("sample", ["--temperature=0"], "--temperature=0.0 must be above 0"),
+    ("sample", ["--temperature=-1"], "--temperature=-1.0 must be above 0"),  # 0: greedy's hint (test_sample)
     ("sample", ["--top_k=-1"], "--top_k=-1 must be at least 0"),
     ("sample", ["--num_samples=0"], "--num_samples=0 must be at least 1"),
     ("hellaswag", ["--limit=0"], "--limit=0 must be at least 1"),
