@@ -67,7 +67,8 @@ def main():
                         "of this many positions (a compiled graph each); 0: the whole cache (engine.Decoder)")
     args = parser.parse_args()
     if args.temperature == 0:  # as some samplers take it
-        raise UserError("--temperature=0: for greedy sampling (the likeliest token each step) use --top_k=1")
+        raise UserError("--temperature=0: for greedy sampling (the likeliest token each step) drop it and "
+                        "use --top_k=1")
     for option, bounds in (("num_samples", (1,)), ("max_new_tokens", (1,)), ("temperature", (None, None, 0)),
                            ("top_k", (0,)), ("seed", (0,)), ("span", (0,))):
         check_range(f"--{option}", getattr(args, option), *bounds)

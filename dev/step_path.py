@@ -6,10 +6,11 @@ span, its comprehensions, nested functions and docstring included), by file.
     python dev/step_path.py --recipe=gpt2    # the run issue #80 counted (1,504 lines at 029eb9d by this tool)
     python dev/step_path.py --n_layer=2 -v   # any train_gpt2.py flags; -v lists each function
 
-It runs in a temporary log_dir, with the run's output hidden (-v shows it), and stops at the second batch
+It runs in a temporary log_dir, shows the run's NOTEs (-v: all it prints), and stops at the second batch
 (nothing is trained further).
 """
 import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -64,13 +65,16 @@ def main():
         print(__doc__)
         return
     verbose = "-v" in sys.argv
-    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(sys.stdout if verbose else quiet):
+    with contextlib.redirect_stdout(io.StringIO()) as said:
         seen = step_path([a for a in sys.argv[1:] if a != "-v"])
+    # the run's NOTEs (the presets it took, and so what was counted); -v: all it printed
+    printed = said.getvalue().splitlines(True)
+    print("".join(line for line in printed if verbose or line.startswith("NOTE")), end="")
     files = {}
     for (path, _, _), lines in seen.items():
         files[path] = files.get(path, 0) + lines
-    print(f"one step's path (main() to the second batch): {len(seen)} functions in {len(files)} files, "
-          f"{sum(seen.values()):,} lines")
+    print(f"main() to the second batch: {len(seen)} functions in {len(files)} files, {sum(seen.values()):,} "
+          "lines")
     for path, lines in sorted(files.items(), key=lambda item: -item[1]):
         print(f"  {path:28} {lines:4}")
     for (path, line, name), lines in sorted(seen.items()) if verbose else []:

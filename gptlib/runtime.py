@@ -64,13 +64,14 @@ def catch_stop_signals():
 
     def handler(signum, frame):
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        said = (f"{name} again: stopped now, without a checkpoint" if received[0] else
+        again, received[0] = received[0], received[0] or signum
+        said = (f"{name} again: stopped now, without a checkpoint" if again else
                 f"{name}: stopping after this step with a checkpoint; {name} again stops now without one")
         if is_rank0():  # os.write: safe inside a signal handler, unlike print
-            os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
-        if received[0]:
+            with contextlib.suppress(OSError, ValueError):  # a stdout gone (Ctrl-C also ends a `| tee`)
+                os.write(sys.stdout.fileno(), f"\n{said}\n".encode())
+        if again:
             os._exit(128 + signum)  # now: no checkpoint, nothing flushed
-        received[0] = signum
     # SIGUSR1 does not exist on Windows
     stops = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
     before = {sig: signal.signal(sig, handler) for sig in stops}

@@ -114,7 +114,7 @@ def test_sample_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(UserError, match="none.txt does not exist"):
         sample.main()
     monkeypatch.setattr(sys, "argv", ["sample.py", "--temperature=0"])  # greedy, as other samplers take it
-    with pytest.raises(UserError, match="^--temperature=0: for greedy sampling .* use --top_k=1$"):
+    with pytest.raises(UserError, match="^--temperature=0: for greedy sampling .* drop it and use --top_k=1$"):
         sample.main()
     monkeypatch.setattr(sys, "argv", ["sample.py", "--help"])  # every option with its default
     with pytest.raises(SystemExit):

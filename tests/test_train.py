@@ -1060,3 +1060,22 @@ def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
     finally:
         dist.destroy_process_group()
     assert all(torch.allclose(a, b) for a, b in zip(*grads))
+
+
+def test_stop_signals_where_stdout_is_a_closed_pipe(monkeypatch):
+    """`python train_gpt2.py | tee log.txt`: Ctrl-C ends tee too, so saying a signal meets a closed pipe. The
+    first signal still asks for a checkpoint and the second still stops the process now (os._exit, faked);
+    the pipe's error does not reach the step."""
+    from gptlib import runtime
+    read, write = os.pipe()
+    os.close(read)
+    exits = []
+    with open(write, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        monkeypatch.setattr(runtime.os, "_exit", exits.append)
+        with runtime.catch_stop_signals() as received:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert received == [signal.SIGINT] and exits == []
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == [signal.SIGINT] and exits == [128 + signal.SIGTERM]
+        monkeypatch.undo()
