@@ -1023,7 +1023,7 @@ def test_the_log_dir_lock_works_without_flock(tmp_path, monkeypatch):
     assert "is in use by another run (pid" in other.stdout, other.stdout + other.stderr
 
 
-def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
+def test_ddp_reduces_gradients_in_the_last_micro_step_only():
     """wrap_model under torchrun (one gloo rank, in-process): train_step runs the micro-steps before the
     last in DDP's no_sync, so the gradients cross ranks in the last micro-step's backward only, not once a
     micro-step (nor in the first); the update is the one-process run's."""
@@ -1034,16 +1034,19 @@ def test_ddp_reduces_gradients_in_the_last_micro_step_only(monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    s = dataclasses.replace(train_gpt2.Settings(), compile=False)
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    batches = [(torch.randint(64, (2, 16)), torch.randint(64, (2, 16))) for _ in range(3)]
+    grads = []
+    dynamo = torch._dynamo.config  # ddp() lets Dynamo trace DDP's profiler record: restored after the test
+    kept = {k: getattr(dynamo, k) for k in ("capture_profiler_record_function",) if hasattr(dynamo, k)}
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
-        s = dataclasses.replace(train_gpt2.Settings(), compile=False)
-        config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
-        torch.manual_seed(0)
-        batches = [(torch.randint(64, (2, 16)), torch.randint(64, (2, 16))) for _ in range(3)]
-        grads = []
         for rt in (Runtime(), Runtime(distributed=True)):
             torch.manual_seed(0)
-            models = train_gpt2.wrap_model(GPT(config), s, rt)
+            with dynamo.patch(kept):
+                models = train_gpt2.wrap_model(GPT(config), s, rt)
             reduced, forwards = [], []
             models.raw.register_forward_pre_hook(lambda module, args: forwards.append(1))
             if rt.distributed:  # DDP's all-reduce of a bucket: the micro-steps run by then
