@@ -296,8 +296,7 @@ def levers(size, s, B, T, rt, steps, warmup, names=tuple(LEVERS)):
 MATMULS = (r"^(?!triton_(poi|per|red)_).*"
            r"(gemm|nvjet|xmma|cutlass|cublas|(\b|_)mm(\b|_)|addmm|bmm|matmul|linear)")
 PARTS = [  # (part of a step, regex on a lower-cased kernel or op name); the first part that matches wins
-    # (on a CPU the training loss is model.py's ChunkedHeadLoss: its matmuls are matmuls, the rest this)
-    ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy|chunkedheadloss"),
+    ("cross-entropy over the logits", r"log_?softmax|nll_?loss|cross_?entropy"),
     ("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|softmax"),
     ("optimizer (clipping, AdamW)", r"optimizer|adam|multi_tensor|foreach|lpnorm|vector_norm"),
     ("matmuls (linear layers, lm_head)", MATMULS),

@@ -183,74 +183,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-HEAD_CHUNK = 128  # ChunkedHeadLoss's rows: a 26 MB scratch (fp32) whatever B and T; the fastest on 2 cores
-
-
-def exp_logits_(logits, targets):
-    """(each row's cross-entropy, each row's sum of exponentials) of logits (rows, vocab_size) and targets
-    (rows,), with logits turned in place into exp(logits - each row's max): the softmax before its
-    normalisation, without a (rows, vocab_size) copy (logsumexp makes two)."""
-    picked = logits.gather(1, targets[:, None]).squeeze(1)  # the targets' logits, before they change
-    top = logits.amax(dim=1)
-    sums = logits.sub_(top[:, None]).exp_().sum(dim=1)
-    return top + sums.log() - picked, sums  # log-sum-exp minus the target's logit
-
-
-def chunked_losses(x, weight, targets, scratch):
-    """A CPU's evaluation (no gradients): each token's cross-entropy (N,), 0 where its target is -1, from x
-    (N, C) through lm_head's weight in chunks of scratch's rows, in fp32: no (N, vocab_size) tensor, which a
-    CPU would get as fresh pages to zero-fill on each forward (ChunkedHeadLoss)."""
-    losses = torch.empty(len(x), device=x.device)
-    with torch.autocast(x.device.type, enabled=False):
-        x, w = x.float(), weight.float()
-        for i in range(0, len(x), len(scratch)):
-            tc = targets[i:i + len(scratch)]
-            logits = torch.mm(x[i:i + len(scratch)], w.t(), out=scratch[:len(tc)])  # (rows, vocab_size)
-            losses[i:i + len(tc)] = exp_logits_(logits, tc.clamp(min=0))[0] * (tc != -1)
-    return losses
-
-
-class ChunkedHeadLoss(torch.autograd.Function):
-    """A CPU's eager training step: lm_head and the mean cross-entropy (targets of -1 ignored) with the
-    gradients computed in the forward, in fp32 (under autocast too), a chunk of rows at a time into scratch:
-    x (N, C), weight (vocab_size, C), targets (N,), scratch (chunk, vocab_size) -> the loss. The plain way
-    allocates four (N, vocab_size) tensors every micro-step (206 MB each at B=8, T=128), each a fresh mmap
-    that the kernel zero-fills page by page; the scratch stays allocated from step to step. The CPU default's
-    first 25 steps, as whole processes in turns, took 0.87x the plain head's time (medians 57.7 s against
-    66.3 s, system time 9.3 s against 27.4 s; 2026-11-26, docs/speed.md); then 0.67x that (15.5 s against
-    23.5 s, 2026-11-28) with chunks of 128 rows instead of 1,024 and the softmax in place (logsumexp makes
-    two (rows, vocab_size) copies, and the softmax was a pass of its own).
-    Compiled code (a GPU's step) fuses the plain way: there it measured 0.923x, and it was removed."""
-
-    @staticmethod
-    def forward(ctx, x, weight, targets, scratch):
-        chunk = len(scratch)
-        count = (targets != -1).sum().clamp(min=1)  # the mean is over the counted tokens
-        loss = torch.zeros((), device=x.device)
-        grad_x, grad_w = torch.empty_like(x), torch.zeros(weight.shape, device=weight.device)
-        with torch.autocast(x.device.type, enabled=False):  # fp32: no gradient rounded to zero under fp16
-            x, w = x.float(), weight.float()
-            for i, (xc, tc) in enumerate(zip(x.split(chunk), targets.split(chunk))):
-                logits = torch.mm(xc, w.t(), out=scratch[:len(xc)])  # (rows, vocab_size)
-                counted = (tc != -1).float()
-                share = counted / count  # each row's share of the mean
-                tc = tc.clamp(min=0)
-                losses, sums = exp_logits_(logits, tc)
-                loss += (losses * counted).sum()
-                # d(token's loss)/d(logits) = softmax - one-hot, scaled by its share: one more pass
-                probs = logits.mul_((share / sums)[:, None])
-                probs[torch.arange(len(tc), device=tc.device), tc] -= share
-                grad_x[i * chunk:i * chunk + len(xc)] = probs @ w
-                grad_w.addmm_(probs.t(), xc)  # one BLAS call adds into it
-        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype))
-        return loss / count
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad, grad_w * grad, None, None
-
-
 class Packing(NamedTuple):
     """How the tokens of a forward's idx (B, T) sit, where it is not one sequence a row from position 0:
     several sequences packed in each row (hellaswag.py: a context once, then its 4 endings) give each token's
@@ -342,19 +274,6 @@ class GPT(nn.Module):
         if select is not None:
             x = x.reshape(-1, x.size(-1))[select]  # (N, C): the positions whose next token is scored
         x = self.transformer.ln_f(x)
-        # a CPU's eager step: the loss in chunks, with its gradients in training, no logits (ChunkedHeadLoss
-        # says why); compiled code fuses the plain way
-        grad = torch.is_grad_enabled()
-        if (targets is not None and (reduction == "mean" or reduction == "none" and not grad)
-                and x.device.type == "cpu" and not torch.compiler.is_compiling()):
-            if getattr(self, "scratch", None) is None:  # kept from step to step (an evaluation may make it)
-                with torch.inference_mode(False):
-                    self.scratch = torch.empty(HEAD_CHUNK, self.config.vocab_size)
-            x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)  # (N, C), (N,)
-            if grad:
-                return None, ChunkedHeadLoss.apply(x, self.lm_head.weight, targets, self.scratch)
-            losses = chunked_losses(x, self.lm_head.weight, targets, self.scratch)
-            return None, losses if reduction == "none" else losses.sum() / (targets != -1).sum()
         logits = self.lm_head(x)  # (B, T, vocab_size)
         if targets is None:
             return logits, None

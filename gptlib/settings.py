@@ -40,8 +40,7 @@ LAPTOP = dict(  # without a CUDA GPU: the best held-out bpb in less than nanoGPT
     # (dev/cpu_sweep.py), validated once, at the end, on the whole of input.txt's validation split
     recipe="modern", total_batch_size=2048, B=16, T=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=64,
     warmup_steps=20, max_steps=150, eval_interval=150, val_tokens=32768, hellaswag=0, checkpoint_interval=150,
-    compile=False, log_interval=1)
-CPU_MAX_LR = {"modern": 6e-3, "gpt2": 3e-3}  # the laptop's peak learning rate of each recipe
+    compile=False, log_interval=1, max_lr=3e-3)  # max_lr: --recipe=gpt2's (the modern recipe's comes after)
 # What a resume cannot change, with the model's fields (model_fields): the presets and weights that chose
 # them, the optimizer, the data stream (B and the processes may change: the loader goes on at its row)
 FIXED = ("size", "recipe", "init_from", "optimizer", "data_root", "T", "total_batch_size", "shuffle", "seed")
@@ -132,9 +131,7 @@ def first_start(block, given, rt):
         presets.append(("input.txt", "", SHAKESPEARE_CONFIG))
     if rt.kind != "cuda":  # a laptop's: an Apple GPU runs eager in fp32, sharing the laptop's memory
         where = "an Apple GPU (mps)" if rt.kind == "mps" else "the CPU"
-        recipe = given.get("recipe", LAPTOP["recipe"])
-        presets.append(("laptop", f" (no CUDA device: {doing} on {where})",
-                        {**LAPTOP, "max_lr": CPU_MAX_LR.get(recipe, CPU_MAX_LR["modern"])}))
+        presets.append(("laptop", f" (no CUDA device: {doing} on {where})", LAPTOP))
     for name, table in (("recipe", RECIPES), ("size", SIZES)):
         chosen = given.get(name, {k: v for *_, d in presets for k, v in d.items()}.get(name, block[name]))
         if chosen and chosen not in table:
