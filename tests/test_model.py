@@ -220,6 +220,18 @@ def test_ignore_index_targets():
     assert torch.allclose(loss, ref)
 
 
+def test_a_cpu_training_step_runs_the_head_as_written():
+    """An edit of the head (here lm_head's output scaled to zero: every token equally likely) reaches a CPU's
+    training step, with gradients, as it reaches everything else: the loss is log(vocab_size)."""
+    m = build(tiny()).train()
+    m.lm_head.register_forward_hook(lambda module, args, out: out * 0)
+    x = torch.randint(0, 512, (2, 16))
+    _, loss = m(x, x.roll(-1, 1))
+    loss.backward()
+    assert math.isclose(loss.item(), math.log(512), rel_tol=1e-6)
+    assert m.transformer.h[0].mlp.c_fc.weight.grad is not None
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc: runtime.setup tunes it on Linux only")
 def test_a_cpu_run_reuses_freed_memory():
     """After runtime.setup on a CPU, a freed 256 MiB tensor's memory is reused by the next one (a step's
