@@ -234,16 +234,18 @@ def test_a_cpu_training_step_runs_the_head_as_written():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc: runtime.setup tunes it on Linux only")
 def test_a_cpu_run_reuses_freed_memory():
-    """After runtime.setup on a CPU, a freed 256 MiB tensor's memory is reused by the next one (a step's
-    logits each micro-step), not handed back and faulted in again page by page (65,536 pages of 4 KiB)."""
+    """After runtime.setup on a CPU, a freed 64 MiB tensor's memory is reused by the next ones (a step's
+    logits each micro-step), not handed back and faulted in again page by page (16,384 pages of 4 KiB), as
+    each one was before. The heap may grow for the first few: torch asks for aligned memory, a little more
+    than a freed tensor's hole, until neighbouring holes merge."""
     from gptlib import runtime
     runtime.setup("cpu")
     faults = []
-    for _ in range(3):
+    for _ in range(12):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        torch.ones(2**26)  # freed at once
+        torch.ones(2**24)  # freed at once
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    assert faults[-1] < 2**26 * 4 / 4096 / 10, faults  # the first may grow the heap; the last reuses it
+    assert max(faults[-4:]) < 2**24 * 4 / 4096 / 10, faults
 
 
 @pytest.mark.slow
