@@ -220,8 +220,12 @@ def aside(path):
 def newest_valid(log_dir, note=print):
     """(path, contents) of the newest checkpoint in log_dir that verifies. The damaged ones newer than it are
     named through note() in one line each and renamed to *.damaged (kept for a person to inspect, no longer
-    counted among the checkpoints the run keeps); CheckpointError if none verifies (all renamed as well)."""
+    counted among the checkpoints the run keeps); CheckpointError if none verifies (all renamed as well, now
+    or by an earlier attempt: a rerun must not start afresh over the run)."""
     found = checkpoints(log_dir)
+    if not found:  # only *.damaged ones
+        raise CheckpointError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
+                              "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
     for path in reversed(found):
         try:
             ckpt = load_checkpoint(path)

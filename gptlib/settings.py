@@ -87,11 +87,9 @@ def resolve(Settings, given, rt):
     setting came from ({name: where}, the block's left out) and the block that ran, for the log)."""
     block = block_of(Settings)
     log_dir = given.get("log_dir", block["log_dir"])
-    found = (checkpoints(log_dir), glob.glob(os.path.join(log_dir, "model_*.pt.damaged")))
-    found, damaged = broadcast_object(found, rt.patient) if rt.distributed else found  # rank 0's run decides
-    if damaged and not found:  # none verified, each moved aside: a rerun must not start afresh over the run
-        raise UserError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
-                        "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+    # a run's checkpoints, or only damaged ones (read_newest refuses those: not a fresh start over the run)
+    found = checkpoints(log_dir) or glob.glob(os.path.join(log_dir, "model_*.pt.damaged"))
+    found = broadcast_object(found, rt.patient) if rt.distributed else found  # rank 0's run decides
     if found and given.get("eval_only", block["eval_only"]):
         raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
                         "its own (--log_dir=NEW)")
