@@ -90,9 +90,8 @@ def resolve(Settings, given, rt):
     # a run's checkpoints, or only damaged ones (read_newest refuses those: not a fresh start over the run)
     found = checkpoints(log_dir) or glob.glob(os.path.join(log_dir, "model_*.pt.damaged"))
     found = broadcast_object(found, rt.patient) if rt.distributed else found  # rank 0's run decides
-    if found and given.get("eval_only", block["eval_only"]):
-        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
-                        "its own (--log_dir=NEW)")
+    if given.get("eval_only", block["eval_only"]):
+        validate_eval_only(found, given.get("init_from", block["init_from"]), log_dir)
     resume = read_newest(log_dir, rt) if found else None
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
                           continued(block, resume.meta, given, log_dir))
@@ -236,9 +235,6 @@ def validate(cfg, rt):
                         "or \"\" for none")
     if cfg["fsdp"]:
         validate_fsdp(cfg, rt)
-    if cfg["eval_only"] and cfg["init_from"] in ("scratch", "resume"):
-        raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
-                        "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
     if not os.path.exists(cfg["data_root"]):
         raise UserError(missing_data_root(cfg["data_root"]))
     for key, bounds in RANGES.items():
@@ -250,6 +246,17 @@ def validate(cfg, rt):
         raise UserError(f"total_batch_size={cfg['total_batch_size']:,} is not a multiple of T*world_size = "
                         f"{cfg['T']}*{rt.world_size} = {row:,}: use a multiple of it, such as "
                         f"{max(1, round(cfg['total_batch_size'] / row)) * row:,}, or change T")
+
+
+def validate_eval_only(found, init_from, log_dir):
+    """resolve()'s checks of --eval_only=True, before any checkpoint is read: weights to evaluate, and a
+    log_dir without a training run's checkpoints (found)."""
+    if found:
+        raise UserError(f"{log_dir} holds a training run's checkpoints: give --eval_only=True a log_dir of "
+                        "its own (--log_dir=NEW)")
+    if init_from in ("scratch", "resume"):
+        raise UserError("--eval_only=True evaluates given weights: set --init_from to gpt2 (or gpt2-medium, "
+                        "gpt2-large, gpt2-xl), an HF GPT-2 folder or a model_*.pt checkpoint")
 
 
 def validate_fsdp(cfg, rt):
