@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from dataloader import missing_data_root, split_rows
+from dataloader import split_rows
 from gptlib import runtime
 from gptlib.accounting import memory_estimate, micro_batches
 from gptlib.checkpoint import checkpoints, model_config, read_newest
@@ -235,8 +235,6 @@ def validate(cfg, rt):
                         "or \"\" for none")
     if cfg["fsdp"]:
         validate_fsdp(cfg, rt)
-    if not os.path.exists(cfg["data_root"]):
-        raise UserError(missing_data_root(cfg["data_root"]))
     for key, bounds in RANGES.items():
         check_range(f"--{key}", cfg[key], *bounds)
     if cfg["T"] > cfg["block_size"] and cfg["init_from"] == "scratch":  # weights: weights_shape
@@ -277,6 +275,13 @@ def validate_fsdp(cfg, rt):
 def fit(cfg, source, given, rt):
     """The NOTEs of fitting cfg (in place) to this machine: B to the processes and the GPU's memory,
     compile to what works here, val_tokens to the validation split; and of a likely mistake."""
+    if cfg["val_tokens"] < cfg["T"]:  # no whole row: the loss would be the mean of nothing
+        raise UserError(f"--val_tokens={cfg['val_tokens']} is less than one row of T={cfg['T']} tokens: "
+                        f"give at least {cfg['T']}")
+    rows = split_rows(cfg["data_root"], "val", cfg["T"])  # a data_root not there: one line naming the fix
+    if rows == 0:  # nothing to evaluate on: stop before saying what would be evaluated
+        raise UserError(f"the validation split of {cfg['data_root']} holds no row of T+1 = {cfg['T'] + 1} "
+                        "tokens: lower T, or give it more text")
     notes = []
     if cfg["total_batch_size"] % (cfg["B"] * cfg["T"] * rt.world_size):
         notes += fit_batch(cfg, source, given, rt)
@@ -284,13 +289,6 @@ def fit(cfg, source, given, rt):
         notes += fit_memory(cfg, source, given, rt, model_shape(cfg))
     if cfg["compile"]:
         notes += fit_compile(cfg, source, rt)
-    if cfg["val_tokens"] < cfg["T"]:  # no whole row: the loss would be the mean of nothing
-        raise UserError(f"--val_tokens={cfg['val_tokens']} is less than one row of T={cfg['T']} tokens: "
-                        f"give at least {cfg['T']}")
-    rows = split_rows(cfg["data_root"], "val", cfg["T"])
-    if rows == 0:  # nothing to evaluate on: stop before saying what would be evaluated
-        raise UserError(f"the validation split of {cfg['data_root']} holds no row of T+1 = {cfg['T'] + 1} "
-                        "tokens: lower T, or give it more text")
     if cfg["val_tokens"] // cfg["T"] > rows:
         notes.append(f"val_tokens={cfg['val_tokens']:,} but the validation split holds {plural(rows, 'row')} "
                      f"of {cfg['T']} tokens: evaluating on those, once each")
