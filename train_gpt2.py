@@ -237,7 +237,6 @@ def start_run(s, rt, resume, origin):
         print0(f"NOTE: {note}")
         origin["notes"].append(note)
     log_start(run)
-    models.train_model.train()
     return run
 
 
