@@ -194,8 +194,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 def setup(device="auto", dtype="auto", timeout=None):
     """This process's Runtime: its rank (torchrun sets RANK, LOCAL_RANK and WORLD_SIZE), its device and dtype
     (use_gpu), the process groups under torchrun (join); a UserError for a device or dtype not here."""
-    distributed = "RANK" in os.environ
-    rt = torchrun_ranks() if distributed else Runtime()
+    rt = torchrun_ranks() if "RANK" in os.environ else Runtime()
     rt.kind = rt.device = pick_device(device)
     # torchrun starts LOCAL_WORLD_SIZE processes on this node: each takes its share of the cores it may use
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # Linux
@@ -219,7 +218,7 @@ def setup(device="auto", dtype="auto", timeout=None):
         rt.notes.append("dtype=fp16 on a CPU: no fp16 matrix units, so autocast and loss scaling make each "
                         "step slower than fp32 (1.7x on this project's 2-core CPU): for trying the fp16 "
                         "path; --dtype=auto (fp32 here) trains faster")
-    if distributed:
+    if rt.distributed:
         join(rt, timeout)
     return rt
 
