@@ -96,7 +96,6 @@ def resolve(Settings, given, rt):
     cfg, source, notes = (first_start(block, given, rt) if resume is None else
                           continued(block, resume.meta, given, log_dir))
     notes = rt.notes + notes
-    cfg["log_dir"] = log_dir
     validate(cfg, rt)
     if resume is None and cfg["init_from"] != "scratch":  # the weights decide the shape
         weights_shape(cfg, source, given, model_fields(block))
@@ -181,7 +180,7 @@ def continued(block, meta, given, log_dir):
              **absolute({k: v for k, v in meta.get("settings", meta["config"]).items() if k in block})}
     ran = meta.get("block", block)  # the block that wrote it (none: older); a line added since: vs the run's
     edited = {k: v for k, v in block.items() if (ran[k] if k in ran else saved[k]) != v or k in RUNTIME}
-    cfg = {**saved, **absolute(edited), **given}
+    cfg = {**saved, **absolute(edited), **given, "log_dir": log_dir}  # the run's folder, where it is now
     cfg["init_from"] = saved["init_from"] if cfg["init_from"] == "resume" else cfg["init_from"]  # its origin
     source = {**dict.fromkeys(edited, "the settings block"), **dict.fromkeys(given, "this command")}
     fixed = [k for k in (*model_fields(block), *FIXED) if cfg[k] != saved[k]]
