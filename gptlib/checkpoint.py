@@ -224,8 +224,8 @@ def newest_valid(log_dir, note=print):
     or by an earlier attempt: a rerun must not start afresh over the run)."""
     found = checkpoints(log_dir)
     if not found:  # only *.damaged ones
-        raise CheckpointError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a copy "
-                              "under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+        raise CheckpointError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a "
+                              "copy under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
     for path in reversed(found):
         try:
             ckpt = load_checkpoint(path)
