@@ -225,7 +225,8 @@ def newest_valid(log_dir, note=print):
     found = checkpoints(log_dir)
     if not found:  # only *.damaged ones
         raise CheckpointError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a "
-                              "copy under its model_NNNNNN.pt name to resume, or start afresh with --log_dir=NEW")
+                              "copy under its model_NNNNNN.pt name to resume, or start afresh with "
+                              "--log_dir=NEW")
     for path in reversed(found):
         try:
             ckpt = load_checkpoint(path)
