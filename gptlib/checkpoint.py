@@ -223,7 +223,7 @@ def newest_valid(log_dir, note=print):
     counted among the checkpoints the run keeps); CheckpointError if none verifies (all renamed as well, now
     or by an earlier attempt: a rerun must not start afresh over the run)."""
     found = checkpoints(log_dir)
-    if not found:  # only *.damaged ones
+    if not found:  # only *.damaged ones (read_newest's caller found checkpoints or those)
         raise CheckpointError(f"{log_dir} holds only damaged checkpoints (*.damaged): restore one from a "
                               "copy under its model_NNNNNN.pt name to resume, or start afresh with "
                               "--log_dir=NEW")

@@ -203,13 +203,14 @@ def setup(device="auto", dtype="auto", timeout=None):
         oldest = ".".join(map(str, MIN_TORCH))
         rt.notes.append(f"torch {torch.__version__} is older than {oldest}, the oldest this project is "
                         f"tested on: pip install -r requirements.txt upgrades it")
-    if rt.kind == "cpu" and sys.platform == "linux":  # glibc's malloc, which torch's Linux wheels need
+    if rt.kind == "cpu" and platform.libc_ver()[0] == "glibc":  # Linux's usual C library (not musl)
         # a step's largest tensors (the logits and their gradients, B*T x vocab_size floats each) would be
-        # fresh pages each micro-step, which the kernel zero-fills one by one: a third of a laptop's step.
-        # Freed memory is kept and reused instead: the process holds its peak (the quick start's: 3.7 GiB)
+        # fresh pages each micro-step, which the kernel zero-fills one by one: about half a laptop's step.
+        # The main thread's memory comes from the heap instead, and what is freed stays there for reuse: the
+        # process holds its peak, which fragmentation raises (the quick start's: about 3 GiB, not 1.7)
         libc = ctypes.CDLL(None)
-        libc.mallopt(-4, 0)  # M_MMAP_MAX: no allocation gets a mapping of its own
-        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: the heap is not shrunk
+        libc.mallopt(-4, 0)  # M_MMAP_MAX: no mapping of its own for a large block
+        libc.mallopt(-1, -1)  # M_TRIM_THRESHOLD: -1, the heap is never shrunk
     if rt.kind == "cuda":
         use_gpu(rt, dtype)
     else:
