@@ -82,8 +82,8 @@ def test_a_model_option_and_a_setting_are_one_edit_each(tmp_path):
 @pytest.mark.slow
 def test_one_step_is_short_to_read():
     """dev/step_path.py on a tiny CPU run (one micro-batch a step, so a whole first step): at most 10 of the
-    project's files, and nothing a fresh run does not need (a resume's machinery, the GPU's memory fit, the
-    trackers, the weights' shape)."""
+    project's files and 1,000 lines of their functions (issue #80's bar), and nothing a fresh run does not
+    need (a resume's machinery, the GPU's memory fit, the trackers, the weights' shape)."""
     import importlib.util
     from conftest import TINY
     spec = importlib.util.spec_from_file_location("step_path", os.path.join(ROOT, "dev", "step_path.py"))
@@ -94,6 +94,7 @@ def test_one_step_is_short_to_read():
     names = {name for _, _, name in seen}
     assert {"train_step", "next_batch", "forward", "set_lr", "resolve", "first_start"} <= names  # a whole step
     assert len({path for path, _, _ in seen}) <= 10, sorted({path for path, _, _ in seen})
+    assert sum(seen.values()) <= 1000, sorted(seen.items(), key=lambda item: -item[1])[:10]
     off = {"read_newest", "continued", "changes", "restore", "fit_memory", "memory_estimate", "open_trackers",
            "weights_shape", "count_params", "training_memory"}
     assert not names & off, names & off
