@@ -424,9 +424,10 @@ def diverged(run, loss, norm):
 
 @contextlib.contextmanager
 def failure_hints(run):
-    """A step's or a checkpoint's failures that name their fix and the newest checkpoint: out of GPU memory
-    (inside compiled code too), a RankError naming the B to try; a collective that lost another process (it
-    hangs, or it ended), a UserError naming what this one was doing. Others pass through."""
+    """A step's or a checkpoint's failures that name their fix and the newest checkpoint: out of memory (a
+    GPU's or the CPU's, inside compiled code too), a RankError naming the B to try; a collective that lost
+    another process (it hangs, or it ended), a UserError naming what this one was doing. Others pass
+    through."""
     try:
         yield
     except Exception as e:

@@ -158,9 +158,11 @@ def device_name(device):
 
 
 def is_out_of_memory(e):
-    """Whether an exception is the GPU running out of memory, also when compiled code wrapped it in
-    another exception (it is then a cause or context of the one raised; not one hidden by `from None`)."""
-    return find_cause(e, lambda x: isinstance(x, torch.OutOfMemoryError)) is not None
+    """Whether an exception is the GPU (torch.OutOfMemoryError) or the CPU (its allocator's RuntimeError)
+    running out of memory, also when compiled code wrapped it in another exception (it is then a cause or
+    context of the one raised; not one hidden by `from None`)."""
+    return find_cause(e, lambda x: isinstance(x, torch.OutOfMemoryError)
+                      or "DefaultCPUAllocator: can't allocate memory" in str(x)) is not None
 
 
 # ------------------------------------------------------------------------------------------------ processes

@@ -576,14 +576,17 @@ def test_micro_batch_is_fitted_to_the_gpus_memory(tmp_path, monkeypatch, capsys,
     assert any(said[6:] in note for note in start["notes"])
 
 
-@pytest.mark.parametrize("wrapped", [False, True])
+@pytest.mark.parametrize("wrapped", [False, True, "cpu"])
 def test_out_of_memory_is_one_line_naming_a_smaller_B(tmp_path, monkeypatch, text, wrapped):
-    """torch.OutOfMemoryError in a step, raised as it is or wrapped by compiled code, ends the run with one
-    line naming the B to try (the next divisor that keeps total_batch_size whole) and the estimate."""
+    """torch.OutOfMemoryError in a step, raised as it is or wrapped by compiled code, or the CPU allocator's
+    RuntimeError (as torch raises it), ends the run with one line naming the B to try (the next divisor that
+    keeps total_batch_size whole) and the estimate."""
     import model
 
     def out_of_memory(self, *args, **kwargs):
         e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        if wrapped == "cpu":
+            torch.empty(2**45)  # 128 TiB
         if wrapped:
             raise RuntimeError("backend compiler failed") from e
         raise e
