@@ -2,7 +2,6 @@ import ctypes
 import datetime
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -232,25 +231,29 @@ def test_a_cpu_training_step_runs_the_head_as_written():
     assert m.transformer.h[0].mlp.c_fc.weight.grad is not None
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="runtime.setup tunes glibc's malloc only")
+class MallInfo2(ctypes.Structure):
+    """glibc's mallinfo2(): what malloc holds, in bytes."""
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc 2.33 or later (mallinfo2)")
 def test_a_cpu_run_keeps_freed_memory_for_reuse():
-    """After runtime.setup on a CPU, a large tensor (a step's logits) comes from the heap, not from a mapping
-    of its own that is unmapped when it is freed, and freeing the heap's top does not shrink the heap (also
-    past 2 GiB): the next micro-step reuses those pages instead of fresh ones the kernel zero-fills one by
-    one. torch.empty reserves the memory without touching it."""
+    """After runtime.setup on a CPU, a large tensor (a step's logits) gets no mapping of its own (hblkhd: the
+    bytes of those), which would be unmapped when it is freed; and freeing a block at the heap's top, 2 GiB
+    past all its free memory, does not shrink the heap (arena): the next micro-step reuses those pages instead
+    of fresh ones the kernel zero-fills one by one. torch.empty reserves memory without touching it."""
     from gptlib import runtime
     runtime.setup("cpu")
     libc = ctypes.CDLL(None)
-    libc.sbrk.restype = ctypes.c_void_p
-    with open("/proc/self/maps") as f:
-        start = next(int(line.split("-")[0], 16) for line in f if line.rstrip().endswith("[heap]"))
+    libc.mallinfo2.restype = MallInfo2
+    mapped = libc.mallinfo2().hblkhd
     logits = torch.empty(2**24)  # 64 MiB
-    assert start <= logits.data_ptr() < libc.sbrk(0)  # in the heap: a mapping of its own lies far above it
-    big = torch.empty((libc.sbrk(0) - start + 2**31) // 4)  # more than the whole heap: it grows the heap's top
-    end = big.data_ptr() + big.nbytes
-    assert end <= libc.sbrk(0)
+    assert libc.mallinfo2().hblkhd == mapped and logits.data_ptr()
+    big = torch.empty((libc.mallinfo2().fordblks + 2**31) // 4)  # more than is free: the heap grows
+    grown = libc.mallinfo2().arena
     del big
-    assert libc.sbrk(0) >= end  # not handed back
+    assert libc.mallinfo2().arena == grown  # nothing handed back
 
 
 @pytest.mark.slow
