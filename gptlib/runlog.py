@@ -96,8 +96,10 @@ class RunLog:
                 f.write("".join(json.dumps(record) + "\n" for record in records))
         except OSError as e:
             return f"could not append to {self.path} ({e.strerror}): {WRITE_FIX}"
-        for tracker in self.trackers:  # not the events (the start record is their config)
-            tracker.write([record for record in records if "event" not in record])
+        for tracker in self.trackers:
+            for record in records:
+                if "event" not in record:  # the start record is their config
+                    tracker.write(record)
         return None
 
     def log(self, records):

@@ -50,13 +50,12 @@ class TensorBoard:
         self.writer.add_text("config", f"    {json.dumps(start, indent=1)}".replace("\n", "\n    "),
                              start["step"])
 
-    def write(self, records):
-        for record in records:
-            numbers, texts = values(record)
-            for name, value in numbers.items():
-                self.writer.add_scalar(name, value, record["step"])
-            for name, text in texts.items():
-                self.writer.add_text(name, text, record["step"])
+    def write(self, record):
+        numbers, texts = values(record)
+        for name, value in numbers.items():
+            self.writer.add_scalar(name, value, record["step"])
+        for name, text in texts.items():
+            self.writer.add_text(name, text, record["step"])
 
     def close(self):
         self.writer.close()
@@ -86,10 +85,9 @@ class WandB:
             raise UserError(f"could not start the W&B run ({first_line(e)}): `wandb login`, or "
                             "WANDB_MODE=offline and `wandb sync` later") from None
 
-    def write(self, records):
-        for record in records:
-            numbers, texts = values(record)
-            self.run.log({**numbers, **texts}, step=record["step"])
+    def write(self, record):
+        numbers, texts = values(record)
+        self.run.log({**numbers, **texts}, step=record["step"])
 
     def close(self):
         self.run.finish()
